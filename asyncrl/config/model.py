@@ -1,0 +1,18 @@
+"""Which model every component loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    path: str = "embedded"
+    """A Hugging Face causal-LM folder, or "embedded" for the tiny built-in model (built on first use)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Parameter dtype: "auto" is bfloat16 on GPU, float32 on CPU."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError('model.path is empty: give a Hugging Face folder or "embedded"')

@@ -1,0 +1,39 @@
+"""The run config: one section per component, composed from the components' own dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asyncrl.config.batch import BatchConfig
+from asyncrl.config.launch import LaunchConfig
+from asyncrl.config.loader import load
+from asyncrl.config.model import ModelConfig
+from asyncrl.generator.config import GeneratorConfig
+from asyncrl.learner.config import LearnerConfig
+from asyncrl.replay.config import HubConfig
+from asyncrl.reward.config import RewardConfig
+from asyncrl.task.config import TaskConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+    def __post_init__(self) -> None:
+        if self.generator.max_running < self.batch.samples_per_prompt:
+            raise ValueError(
+                f"generator.max_running={self.generator.max_running} < batch.samples_per_prompt="
+                f"{self.batch.samples_per_prompt}: a generator must fit at least one whole group"
+            )
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    return load(RunConfig, path, overrides)

@@ -1,0 +1,35 @@
+"""Config of the generator service (read by `asyncrl.generator`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(kw_only=True, slots=True)
+class GeneratorConfig:
+    engine: Literal["torch", "sglang"] = "torch"
+    """Inference backend: the built-in torch engine or SGLang."""
+    count: int = 1
+    """Generator processes."""
+    max_running: int = 64
+    """Sequences decoded together (engine batch capacity)."""
+    inflight_update: Literal["continue", "abort"] = "continue"
+    """On a weight update, in-flight requests continue under the new weights (versions recorded per
+    token) or are aborted and their prompts returned to the hub."""
+    devices: list[str] = field(default_factory=list)
+    """Device per generator ("cpu", "cuda:0", ...); default: cpu, or cuda:0 when CUDA is present."""
+    heartbeat_s: float = 2.0
+    """Seconds between heartbeats to the hub."""
+    seed: int = 0
+    """Base seed of sampling (each prompt and sample derives its own)."""
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"generator.count={self.count}: must be >= 1")
+        if self.max_running < 1:
+            raise ValueError(f"generator.max_running={self.max_running}: must be >= 1")
+        if self.devices and len(self.devices) != self.count:
+            raise ValueError(
+                f"generator.devices has {len(self.devices)} entries but generator.count={self.count}: give one per generator"
+            )
