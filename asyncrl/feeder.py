@@ -1,0 +1,90 @@
+"""The feeder: keeps the hub's prompt queue topped up from the run's task.
+
+    task prompt source ──(index i → prompt "task-i")──▶ Feeder thread ──SubmitPrompts──▶ hub
+
+It aims for `target` queued prompts (enough for the generators to lease while the hub's staleness
+rule allows): prompts_per_step x (max_staleness + 2). The data cursor (next index) is kept in
+RUN_DIR/feeder.json, written after each accepted submit; after a crash a prompt may be offered
+twice, and the hub refuses the duplicate id, so no prompt is queued twice. The source is seeded,
+so a resumed run continues the same prompt sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from asyncrl import records as R
+from asyncrl.config.run import RunConfig
+from asyncrl.peer import HubError, HubPeer
+from asyncrl.task.source import make_prompt_source
+
+log = logging.getLogger(__name__)
+
+
+class Feeder:
+    def __init__(self, cfg: RunConfig, endpoint: str, run_dir: Path, poll_s: float = 0.2) -> None:
+        self.cfg, self.endpoint, self.poll_s = cfg, endpoint, poll_s
+        self.cursor_path = Path(run_dir) / "feeder.json"
+        self.target = cfg.batch.prompts_per_step * (cfg.hub.max_staleness + 2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="feeder", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _cursor(self) -> int:
+        try:
+            return int(json.loads(self.cursor_path.read_text())["next_index"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    def _save_cursor(self, index: int) -> None:
+        tmp = self.cursor_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"next_index": index}))
+        os.replace(tmp, self.cursor_path)
+
+    def _run(self) -> None:
+        try:
+            self._feed()
+        except BaseException as e:  # noqa: BLE001 - reported by the launcher
+            self.error = e
+            log.exception("feeder stopped")
+
+    def _feed(self) -> None:
+        cfg = self.cfg
+        sampling = R.SamplingParams(temperature=cfg.task.temperature, max_new_tokens=cfg.task.max_new_tokens)
+        source = make_prompt_source(cfg.task, cfg.batch.samples_per_prompt, sampling)
+        index = self._cursor()
+        source = itertools.islice(source, index, None)
+        peer = HubPeer(self.endpoint, "feeder", timeout_s=30.0)
+        try:
+            while not self._stop.is_set():
+                queued = int(peer.request(R.StatsRequest()).counters.get("prompts_queued", 0))
+                want = self.target - queued
+                if want <= 0:
+                    self._stop.wait(self.poll_s)
+                    continue
+                prompts = [dataclasses.replace(p, prompt_id=f"task-{index + i}")
+                           for i, p in enumerate(itertools.islice(source, want))]
+                if not prompts:
+                    log.info("prompt source exhausted at index %d", index)
+                    return
+                try:
+                    peer.request(R.SubmitPrompts(prompts=prompts))
+                except HubError as e:
+                    log.warning("hub refused prompts %d..%d: %s", index, index + len(prompts) - 1, e)
+                index += len(prompts)
+                self._save_cursor(index)
+        finally:
+            peer.close()

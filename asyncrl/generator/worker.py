@@ -1,0 +1,214 @@
+"""The generator loop: lease prompts from the hub, keep the engine full, send finished groups back.
+
+    hub ──Lease(prompts)──▶ GeneratorWorker ──add──▶ Engine ──step()──▶ outputs
+     ▲                          │   ▲                                      │
+     └──SampleBatch(group)──────┘   └── weights.poll() between steps ◀─────┘
+
+One thread drives everything, so weight updates land exactly between two decode steps.
+* Backpressure: the worker asks for at most `free // n` prompts (whole groups that fit in
+  `max_running`), and only when its weights are as new as the hub's policy version; the hub's
+  staleness rule may answer with fewer (or none).
+* A group is sent once all n samples finished; with `inflight_update = "abort"`, a weight update
+  aborts running groups and their prompts go back to the hub (nothing partial is ever sent).
+* Staleness: each token carries the version that sampled it; with "continue", one sample may span
+  several versions (the hub drops by the oldest).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from asyncrl import records as R
+from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
+from asyncrl.timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+
+class Hub(Protocol):
+    def request(self, msg: Any) -> Any: ...
+
+
+class WeightSource(Protocol):
+    def poll(self) -> Any:
+        """Handle pending weight-push messages; returns None or an object with `.version` and
+        `.aborted` (outputs aborted by the pause)."""
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: Any, skip_special_tokens: bool = ...) -> str: ...
+
+
+@dataclass(slots=True)
+class _Group:
+    prompt: R.Prompt
+    lease_id: str
+    token_ids: np.ndarray
+    leased_at: float
+    outputs: dict[int, GenerationOutput] = field(default_factory=dict)
+
+
+class GeneratorWorker:
+    def __init__(
+        self, *, name: str, engine: Engine, hub: Hub, tokenizer: Tokenizer | None, max_running: int,
+        inflight_update: str = "continue", weights: WeightSource | None = None, seed: int = 0,
+        heartbeat_s: float = 2.0, timeline: Timeline | None = None,
+    ) -> None:
+        self.name, self.engine, self.hub, self.tokenizer = name, engine, hub, tokenizer
+        self.max_running, self.inflight_update, self.weights = max_running, inflight_update, weights
+        self.seed, self.heartbeat_s = seed, heartbeat_s
+        self.timeline = timeline or Timeline(None, name)
+        self.groups: dict[str, _Group] = {}
+        self.hub_version = 0
+        self.stopping = False
+        self._last_heartbeat = 0.0
+        self._stats = {"samples_sent": 0.0, "tokens_generated": 0.0, "groups_returned": 0.0}
+        self._t0 = time.monotonic()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        while not self.stopping:
+            self.run_once()
+        self._return_all("shutdown")
+
+    def run_once(self) -> None:
+        self._sync_weights()
+        self._lease()
+        if self.engine.has_work():
+            start = time.time()
+            outputs = self.engine.step()
+            self.timeline.record("generate", start, time.time())
+            self._collect(outputs)
+        self._heartbeat()
+
+    # ------------------------------------------------------------------ phases
+
+    def _sync_weights(self) -> None:
+        if self.weights is None:
+            return
+        result = self.weights.poll()
+        if result is not None and getattr(result, "aborted", None):
+            self._collect(result.aborted)
+
+    def _free_slots(self) -> int:
+        running = sum(g.prompt.n - len(g.outputs) for g in self.groups.values())
+        return self.max_running - running
+
+    def _lease(self) -> None:
+        if self.weights is not None and self.engine.weight_version < self.hub_version:
+            time.sleep(0.01)  # behind the learner: take no prompts until the push lands
+            return
+        free = self._free_slots()
+        n = max((g.prompt.n for g in self.groups.values()), default=1)
+        if free < n:
+            return
+        busy = self.engine.has_work()
+        lease = self.hub.request(
+            R.LeaseRequest(generator=self.name, max_prompts=max(1, free // n), wait_s=0.0 if busy else 0.2)
+        )
+        self.hub_version = max(self.hub_version, lease.policy_version)
+        for prompt in lease.prompts:
+            if prompt.n > free:
+                self.hub.request(R.ReturnPrompts(lease_id=lease.lease_id, prompt_ids=[prompt.prompt_id]))
+                continue
+            free -= prompt.n
+            self._start(prompt, lease.lease_id)
+
+    def _start(self, prompt: R.Prompt, lease_id: str) -> None:
+        ids = prompt.token_ids if prompt.token_ids is not None else self._tokenize(prompt.text or "")
+        sampling = R.SamplingParams(
+            temperature=prompt.sampling.temperature, top_p=prompt.sampling.top_p, top_k=prompt.sampling.top_k,
+            max_new_tokens=prompt.sampling.max_new_tokens, stop_token_ids=list(prompt.sampling.stop_token_ids),
+            ignore_eos=prompt.sampling.ignore_eos,
+            seed=prompt.sampling.seed if prompt.sampling.seed is not None else self._seed_for(prompt.prompt_id),
+        )
+        self.groups[prompt.prompt_id] = _Group(prompt, lease_id, np.asarray(ids, dtype=np.int32), time.time())
+        self.engine.add(GenerationRequest(
+            request_id=prompt.prompt_id, prompt_token_ids=[int(t) for t in ids], sampling=sampling, n=prompt.n
+        ))
+
+    def _tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("prompt has text but this generator has no tokenizer: send token_ids")
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _seed_for(self, prompt_id: str) -> int:
+        return zlib.crc32(f"{self.seed}:{prompt_id}".encode()) & 0x7FFFFFFF
+
+    def _collect(self, outputs: list[GenerationOutput]) -> None:
+        done: list[_Group] = []
+        aborted: set[str] = set()
+        for out in outputs:
+            group = self.groups.get(out.request_id)
+            if group is None:
+                continue
+            if out.finish_reason == R.FinishReason.ABORT:
+                aborted.add(out.request_id)
+                continue
+            group.outputs[out.sample_index] = out
+            self._stats["tokens_generated"] += len(out.token_ids)
+            if len(group.outputs) == group.prompt.n:
+                done.append(group)
+        for prompt_id in aborted:
+            self._return_group(prompt_id)
+        self._send(done)
+
+    def _send(self, done: list[_Group]) -> None:
+        by_lease: dict[str, list[R.Sample]] = {}
+        for group in done:
+            del self.groups[group.prompt.prompt_id]
+            by_lease.setdefault(group.lease_id, []).extend(self._samples(group))
+        for lease_id, samples in by_lease.items():
+            self.hub.request(R.SampleBatch(lease_id=lease_id, samples=samples))
+            self._stats["samples_sent"] += len(samples)
+
+    def _samples(self, group: _Group) -> list[R.Sample]:
+        out = []
+        for index in range(group.prompt.n):
+            o = group.outputs[index]
+            text = self.tokenizer.decode(o.token_ids, skip_special_tokens=True) if self.tokenizer else ""
+            out.append(R.Sample(
+                prompt_id=group.prompt.prompt_id, sample_index=index, prompt_token_ids=group.token_ids,
+                response_token_ids=o.token_ids.astype(np.int32), logprobs=o.logprobs.astype(np.float32),
+                versions=o.versions.astype(np.int32), finish_reason=o.finish_reason, response_text=text,
+                timings={**o.timings, "lease_to_done": time.time() - group.leased_at}, generator=self.name,
+            ))
+        return out
+
+    def _return_group(self, prompt_id: str) -> None:
+        group = self.groups.pop(prompt_id, None)
+        if group is None:
+            return
+        self.engine.abort([prompt_id])
+        self.hub.request(R.ReturnPrompts(lease_id=group.lease_id, prompt_ids=[prompt_id]))
+        self._stats["groups_returned"] += 1
+
+    def _return_all(self, why: str) -> None:
+        if self.groups:
+            log.info("%s: returning %d unfinished prompts (%s)", self.name, len(self.groups), why)
+        for prompt_id in list(self.groups):
+            self._return_group(prompt_id)
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.heartbeat_s:
+            return
+        self._last_heartbeat = now
+        es = self.engine.stats()
+        stats = {**self._stats, "running": float(es.running), "waiting": float(es.waiting),
+                 "tokens_per_s": self._stats["tokens_generated"] / max(now - self._t0, 1e-9),
+                 "weight_version": float(es.weight_version)}
+        reply = self.hub.request(R.Heartbeat(service="generator", name=self.name, stats=stats))
+        info = getattr(reply, "info", {}) or {}
+        self.hub_version = max(self.hub_version, int(info.get("policy_version", self.hub_version)))
+        if info.get("shutdown"):
+            self.stopping = True

@@ -1,0 +1,45 @@
+"""Process life cycle shared by the services: logging set-up and a stop flag set by signals.
+
+SIGTERM (launcher stopping the run) and SIGINT (Ctrl-C forwarded to the learner) set the flag; the
+service finishes its current unit of work (a decode step, a learner step + checkpoint) and leaves
+through its `finally`. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+
+class StopFlag:
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal: int | None = None
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+    def install(self) -> "StopFlag":
+        def handler(signum: int, _frame: object) -> None:
+            if self.is_set():
+                raise SystemExit(128 + signum)
+            self.signal = signum
+            self.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        return self
+
+
+def setup_logging(name: str, level: int = logging.INFO) -> logging.Logger:
+    logging.basicConfig(stream=sys.stderr, level=level,
+                        format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s")
+    return logging.getLogger(name)

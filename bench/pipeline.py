@@ -1,0 +1,124 @@
+"""python -m bench.pipeline [CONFIG] [--set k=v ...] [--plot FILE.png]
+
+Runs the same config twice in one invocation — asynchronous (hub.max_staleness as configured, >= 1)
+and the synchronous baseline (max_staleness = 0: the hub admits no prompt for step k+1 until the
+learner has pushed version k, so generation and training alternate) — and prints one JSON line:
+steps/s of each, async_over_sync, overlap_fraction (share of learner busy time during which
+generation also ran), generator and learner idle fractions, the staleness histogram and weight-push
+time by phase, with model shape, batch, lengths, device and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from asyncrl.config.run import load_run_config
+from asyncrl.timeline import read_timelines
+from bench.intervals import clip, intersect, total, union
+from launch.__main__ import main as launch_main
+
+
+def commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_mode(config: str | None, overrides: list[str], run_dir: Path) -> None:
+    code = launch_main([*([config] if config else []), *sum((["--set", o] for o in overrides), []),
+                        "--set", "launch.progress=false", "--run-dir", str(run_dir)])
+    if code != 0:
+        raise SystemExit(f"bench.pipeline: the run in {run_dir} failed (exit {code}); see its logs/")
+
+
+def analyse(run_dir: Path) -> dict:
+    spans = read_timelines(run_dir)
+    learn = [(s["start"], s["end"]) for s in spans if s["name"].startswith("learner-0") and s["kind"] in ("train", "push")]
+    gen = [(s["start"], s["end"]) for s in spans if s["name"].startswith("generator") and s["kind"] == "generate"]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    t0 = min(a for a, _ in gen + learn)
+    t1 = max(b for _, b in learn)
+    wall = t1 - t0
+    gen_c, learn_c = clip(gen, t0, t1), clip(learn, t0, t1)
+    hist: Counter[int] = Counter()
+    push: dict[str, float] = Counter()
+    for m in metrics:
+        hist.update({int(k): v for k, v in m.get("staleness_hist", {}).items()})
+        push.update({k: v for k, v in m.get("push", {}).items() if isinstance(v, (int, float)) and k.endswith("_s")})
+    steps = len(metrics)
+    return {
+        "steps": steps, "wall_s": round(wall, 3), "steps_per_s": steps / wall,
+        "overlap_fraction": total(intersect(learn_c, gen_c)) / max(total(learn_c), 1e-9),
+        "generator_idle_fraction": 1 - total(union(gen_c)) / wall,
+        "learner_idle_fraction": 1 - total(learn_c) / wall,
+        "staleness_hist": dict(sorted(hist.items())),
+        "push_s_per_step": {k: v / max(steps, 1) for k, v in push.items()},
+        "reward_first": metrics[0].get("reward_mean") if metrics else None,
+        "reward_last": metrics[-1].get("reward_mean") if metrics else None,
+        "_spans": {"learner": learn_c, "generator": union(gen_c), "t0": t0},
+    }
+
+
+def plot(results: dict[str, dict], path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from None
+    fig, axes = plt.subplots(len(results), 1, figsize=(12, 2.2 * len(results)), sharex=True)
+    for ax, (mode, res) in zip(axes, results.items()):
+        sp = res["_spans"]
+        for row, key, color in ((1, "generator", "tab:blue"), (0, "learner", "tab:orange")):
+            ax.broken_barh([(a - sp["t0"], b - a) for a, b in sp[key]], (row - 0.4, 0.8), color=color)
+        ax.set_yticks([0, 1], ["learner", "generator"])
+        ax.set_title(f"{mode}: {res['steps_per_s']:.3f} steps/s, overlap {res['overlap_fraction']:.2f}")
+    axes[-1].set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
+    p.add_argument("config", nargs="?")
+    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--plot", metavar="FILE.png")
+    p.add_argument("--keep", metavar="DIR", help="keep both run directories under DIR")
+    args = p.parse_args(argv)
+    cfg = load_run_config(args.config, args.set)
+    staleness = max(cfg.hub.max_staleness, 1)
+    base = Path(args.keep or tempfile.mkdtemp(prefix="bench-pipeline-"))
+    results = {}
+    for mode, s in (("async", staleness), ("sync", 0)):
+        run_mode(args.config, [*args.set, f"hub.max_staleness={s}"], base / mode)
+        results[mode] = analyse(base / mode)
+    if args.plot:
+        plot(results, args.plot)
+    a, s = results["async"], results["sync"]
+    line = {
+        "bench": "pipeline", "async_steps_per_s": a["steps_per_s"], "sync_steps_per_s": s["steps_per_s"],
+        "async_over_sync": a["steps_per_s"] / s["steps_per_s"], "overlap_fraction": a["overlap_fraction"],
+        "sync_overlap_fraction": s["overlap_fraction"],
+        "generator_idle_fraction": {"async": a["generator_idle_fraction"], "sync": s["generator_idle_fraction"]},
+        "learner_idle_fraction": {"async": a["learner_idle_fraction"], "sync": s["learner_idle_fraction"]},
+        "staleness_hist": {"async": a["staleness_hist"], "sync": s["staleness_hist"]},
+        "push_s_per_step": a["push_s_per_step"], "max_staleness": staleness,
+        "model": cfg.model.path, "batch": {"prompts_per_step": cfg.batch.prompts_per_step,
+                                           "samples_per_prompt": cfg.batch.samples_per_prompt},
+        "max_new_tokens": cfg.task.max_new_tokens, "steps": cfg.learner.steps,
+        "device": cfg.generator.devices or "default", "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+        "commit": commit(), "run_dirs": str(base),
+    }
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""python -m launch [CONFIG] [--set key=value ...] [--run-dir DIR] [--resume DIR]
+
+With no CONFIG it runs the embedded default (tiny model, arithmetic task, CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from asyncrl.config.loader import ConfigError
+from asyncrl.config.run import load_run_config
+from launch.progress import Progress
+from launch.run_dir import load_config, make_run_dir, save_config
+from launch.supervisor import RunFailed, Supervisor
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m launch", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="?", help="TOML run config (default: the embedded default)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. learner.lr=1e-5")
+    p.add_argument("--run-dir", help="run directory (default: runs/<timestamp>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(args.resume) if args.resume else load_run_config(args.config, args.set)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    run_dir = make_run_dir(cfg, args.run_dir, args.resume)
+    save_config(run_dir, cfg)
+    print(f"run directory: {run_dir}", file=sys.stderr)
+    sup = Supervisor(cfg, run_dir, resume=bool(args.resume))
+    code = 0
+    try:
+        sup.start()
+        with Progress(run_dir, cfg.learner.steps, cfg.launch.progress) as progress:
+            sup.watch(progress)
+    except KeyboardInterrupt:
+        print("interrupted: checkpointing and stopping ...", file=sys.stderr)
+        sup.interrupt()
+        code = 130
+    except RunFailed as e:
+        print(f"run failed: {e}", file=sys.stderr)
+        code = 1
+    finally:
+        summary = sup.finish()
+    print(json.dumps({"run_dir": str(run_dir), "accounting": summary["accounting"]}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
