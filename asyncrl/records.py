@@ -1,4 +1,4 @@
-"""Typed records: every message that crosses a process boundary.
+r"""Typed records: every message that crosses a process boundary.
 
 Only `asyncrl.wire` turns these into bytes and back. Arrays are numpy arrays with fixed dtypes
 (token ids int32, logprobs float32, versions int32); shapes are noted per field.

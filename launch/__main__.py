@@ -13,7 +13,8 @@ import sys
 from asyncrl.config.loader import ConfigError
 from asyncrl.config.run import load_run_config
 from launch.progress import Progress
-from launch.run_dir import load_config, make_run_dir, save_config
+from asyncrl.rundir import load_config, save_config
+from launch.run_dir import make_run_dir
 from launch.supervisor import RunFailed, Supervisor
 
 

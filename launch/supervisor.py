@@ -26,7 +26,8 @@ from asyncrl.peer import HubPeer
 from asyncrl import records as R
 from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
 from launch.progress import Progress
-from launch.run_dir import free_port, write_json
+from asyncrl.rundir import write_json
+from launch.run_dir import free_port
 
 log = logging.getLogger("launch")
 

@@ -16,3 +16,18 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError('model.path is empty: give a Hugging Face folder or "embedded"')
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """The folder every component loads: "embedded" is built on first use."""
+    if cfg.path == "embedded":
+        from asyncrl.task.embedded import embedded_model_path
+
+        return str(embedded_model_path())
+    return cfg.path
+
+
+def resolve_dtype(cfg: ModelConfig, device: str) -> str:
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    return "bfloat16" if device.startswith("cuda") else "float32"

@@ -60,11 +60,12 @@ class GeneratorWorker:
     def __init__(
         self, *, name: str, engine: Engine, hub: Hub, tokenizer: Tokenizer | None, max_running: int,
         inflight_update: str = "continue", weights: WeightSource | None = None, seed: int = 0,
-        heartbeat_s: float = 2.0, timeline: Timeline | None = None,
+        heartbeat_s: float = 2.0, timeline: Timeline | None = None, group_size: int = 1,
     ) -> None:
         self.name, self.engine, self.hub, self.tokenizer = name, engine, hub, tokenizer
         self.max_running, self.inflight_update, self.weights = max_running, inflight_update, weights
         self.seed, self.heartbeat_s = seed, heartbeat_s
+        self.group_size = group_size  # expected samples per prompt, to size lease requests
         self.timeline = timeline or Timeline(None, name)
         self.groups: dict[str, _Group] = {}
         self.hub_version = 0
@@ -76,9 +77,18 @@ class GeneratorWorker:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
-        while not self.stopping:
-            self.run_once()
-        self._return_all("shutdown")
+        try:
+            while not self.stopping:
+                self.run_once()
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Give unfinished prompts back to the hub (best effort: the hub may be gone)."""
+        try:
+            self._return_all("shutdown")
+        except Exception as e:  # noqa: BLE001
+            log.warning("%s: could not return prompts at shutdown: %s", self.name, e)
 
     def run_once(self) -> None:
         self._sync_weights()
@@ -108,7 +118,7 @@ class GeneratorWorker:
             time.sleep(0.01)  # behind the learner: take no prompts until the push lands
             return
         free = self._free_slots()
-        n = max((g.prompt.n for g in self.groups.values()), default=1)
+        n = max((g.prompt.n for g in self.groups.values()), default=self.group_size)
         if free < n:
             return
         busy = self.engine.has_work()

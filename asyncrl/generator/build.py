@@ -1,0 +1,45 @@
+"""Assemble a generator process: engine + tokenizer + hub peer + weight receiver -> GeneratorWorker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from asyncrl.config.model import resolve_dtype, resolve_model_path
+from asyncrl.config.run import RunConfig
+from asyncrl.engine.protocol import Engine
+from asyncrl.generator.worker import GeneratorWorker
+from asyncrl.peer import HubPeer
+from asyncrl.timeline import Timeline
+from asyncrl.weights.receiver import WeightReceiver
+
+
+def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
+    if cfg.generator.engine == "sglang":
+        from asyncrl.engine.sglang_engine import SGLangEngine
+
+        return SGLangEngine.from_config(cfg.generator)
+    from asyncrl.engine.torch_engine import TorchEngine
+
+    return TorchEngine(model_path, device=device, dtype=resolve_dtype(cfg.model, device),
+                       max_running=cfg.generator.max_running, seed=cfg.generator.seed)
+
+
+def build_generator(
+    cfg: RunConfig, name: str, device: str, endpoints: dict[str, str], run_dir: str | Path
+) -> tuple[GeneratorWorker, list[Callable[[], None]]]:
+    from transformers import AutoTokenizer
+
+    model_path = resolve_model_path(cfg.model)
+    engine = build_engine(cfg, device, model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    hub = HubPeer(endpoints["replay"], name)
+    weights = WeightReceiver(endpoints["weights"], name, device, engine)
+    timeline = Timeline(run_dir, name)
+    worker = GeneratorWorker(
+        name=name, engine=engine, hub=hub, tokenizer=tokenizer, max_running=cfg.generator.max_running,
+        inflight_update=cfg.generator.inflight_update, weights=weights, seed=cfg.generator.seed,
+        heartbeat_s=cfg.generator.heartbeat_s, timeline=timeline,
+        group_size=cfg.batch.samples_per_prompt,
+    )
+    return worker, [timeline.close, weights.close, hub.close, engine.close]

@@ -1,0 +1,40 @@
+"""The run directory's files, read and written by every process of a run.
+
+    RUN_DIR/config.json    the resolved RunConfig (written by the launcher)
+    RUN_DIR/run.json       {"endpoints": {service -> ZeroMQ endpoint}, "pids": {process -> pid}}
+    RUN_DIR/logs/          one log per process
+    RUN_DIR/metrics.jsonl  one line per learner step; RUN_DIR/tensorboard/ the same as events
+    RUN_DIR/summary.json   the hub's final accounting (written at the end)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config.loader import from_dict, to_dict
+from asyncrl.config.run import RunConfig
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomic: temporary name, fsync, rename."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_config(run_dir: Path, cfg: RunConfig) -> None:
+    write_json(Path(run_dir) / "config.json", to_dict(cfg))
+
+
+def load_config(run_dir: str | Path) -> RunConfig:
+    return from_dict(RunConfig, json.loads((Path(run_dir) / "config.json").read_text()))
+
+
+def read_run_json(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "run.json").read_text())

@@ -1,0 +1,131 @@
+"""GeneratorWorker against a fake engine and a fake hub: leasing, grouping, abort, backpressure."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from asyncrl import records as R
+from asyncrl.engine.protocol import EngineStats, GenerationOutput
+from asyncrl.generator.worker import GeneratorWorker
+
+
+class FakeEngine:
+    """Finishes sample i of a request after i+1 steps; tokens are [request index, sample index]."""
+
+    def __init__(self) -> None:
+        self.weight_version = 0
+        self.pending: list[tuple[str, int, int]] = []  # (request_id, sample_index, steps_left)
+        self.aborted: list[str] = []
+        self.requests = []
+
+    def add(self, request) -> None:
+        self.requests.append(request)
+        self.pending += [(request.request_id, i, i + 1) for i in range(request.n)]
+
+    def has_work(self) -> bool:
+        return bool(self.pending)
+
+    def step(self):
+        done, left = [], []
+        for rid, i, k in self.pending:
+            (done if k == 1 else left).append((rid, i, k - 1))
+        self.pending = left
+        return [self._out(rid, i, R.FinishReason.STOP) for rid, i, _ in done]
+
+    def _out(self, rid, i, reason):
+        n = 3
+        return GenerationOutput(request_id=rid, sample_index=i, token_ids=np.full(n, i, np.int32),
+                                logprobs=np.full(n, -0.5, np.float32),
+                                versions=np.full(n, self.weight_version, np.int32), finish_reason=reason)
+
+    def abort(self, ids=None):
+        ids = set(ids) if ids is not None else None
+        out = [self._out(r, i, R.FinishReason.ABORT) for r, i, _ in self.pending if ids is None or r in ids]
+        self.pending = [p for p in self.pending if ids is not None and p[0] not in ids]
+        self.aborted += sorted({o.request_id for o in out})
+        return out
+
+    def stats(self):
+        return EngineStats(running=len(self.pending), waiting=0, tokens_generated=0, weight_version=self.weight_version)
+
+
+class FakeHub:
+    def __init__(self, prompts: list[R.Prompt], version: int = 0) -> None:
+        self.queue = list(prompts)
+        self.version = version
+        self.sent: list[R.SampleBatch] = []
+        self.returned: list[str] = []
+        self.lease_sizes: list[int] = []
+
+    def request(self, msg):
+        if isinstance(msg, R.LeaseRequest):
+            self.lease_sizes.append(msg.max_prompts)
+            take, self.queue = self.queue[: msg.max_prompts], self.queue[msg.max_prompts:]
+            return R.Lease(lease_id=f"L{len(self.lease_sizes)}", prompts=take, policy_version=self.version,
+                           expires_in_s=60.0)
+        if isinstance(msg, R.SampleBatch):
+            self.sent.append(msg)
+        elif isinstance(msg, R.ReturnPrompts):
+            self.returned += msg.prompt_ids
+        return R.Ack(info={"policy_version": self.version})
+
+
+def prompts(k: int, n: int) -> list[R.Prompt]:
+    return [R.Prompt(prompt_id=f"p{i}", n=n, token_ids=np.arange(4, dtype=np.int32)) for i in range(k)]
+
+
+def worker(engine, hub, max_running=8, weights=None) -> GeneratorWorker:
+    return GeneratorWorker(name="g0", engine=engine, hub=hub, tokenizer=None, max_running=max_running,
+                           weights=weights, heartbeat_s=0.0, group_size=4)
+
+
+def test_groups_are_sent_whole_with_their_lease():
+    engine, hub = FakeEngine(), FakeHub(prompts(3, n=4))
+    w = worker(engine, hub, max_running=8)
+    for _ in range(20):
+        w.run_once()
+    samples = [s for b in hub.sent for s in b.samples]
+    assert sorted((s.prompt_id, s.sample_index) for s in samples) == [(f"p{i}", j) for i in range(3) for j in range(4)]
+    for batch in hub.sent:  # every group arrives complete in one message
+        ids = [s.prompt_id for s in batch.samples]
+        assert all(ids.count(p) == 4 for p in set(ids))
+    assert all(s.finish_reason == R.FinishReason.STOP and s.generator == "g0" for s in samples)
+
+
+def test_leases_only_what_fits():
+    engine, hub = FakeEngine(), FakeHub(prompts(10, n=4))
+    w = worker(engine, hub, max_running=8)
+    w.run_once()
+    assert hub.lease_sizes[0] == 2  # 8 slots / 4 samples per prompt
+    assert len(engine.requests) == 2
+    w.run_once()  # nothing finished yet, so no room: no second lease
+    assert len(hub.lease_sizes) == 1
+
+
+def test_behind_hub_version_takes_no_prompts():
+    engine, hub = FakeEngine(), FakeHub(prompts(2, n=2), version=3)
+    weights = SimpleNamespace(poll=lambda: None)
+    w = worker(engine, hub, weights=weights)
+    w.hub_version = 3
+    w.run_once()
+    assert not engine.requests and not hub.lease_sizes
+
+
+def test_aborted_group_is_returned_not_sent():
+    engine, hub = FakeEngine(), FakeHub(prompts(1, n=3))
+    w = worker(engine, hub)
+    w.run_once()  # leases p0, sample 0 finishes
+    aborted = engine.abort()
+    w._collect(aborted)
+    assert hub.returned == ["p0"]
+    assert not hub.sent and not w.groups
+
+
+def test_shutdown_returns_unfinished_prompts():
+    engine, hub = FakeEngine(), FakeHub(prompts(2, n=3))
+    w = worker(engine, hub)
+    w.run_once()
+    w.shutdown()
+    assert sorted(hub.returned) == ["p0", "p1"]
