@@ -289,6 +289,7 @@ class WeightJoin:
     device: str  # "cpu", "cuda:0", ...
     host: str = "127.0.0.1"
     gpu_uuid: str = ""  # same uuid as the learner's => CUDA IPC instead of a broadcast
+    receiving_ranks: int = 1  # ranks that join the group (an SGLang engine with TP=t: t)
 
 
 @dataclass(kw_only=True, slots=True)

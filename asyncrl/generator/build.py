@@ -18,7 +18,7 @@ def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
     if cfg.generator.engine == "sglang":
         from asyncrl.engine.sglang_engine import SGLangEngine
 
-        return SGLangEngine.from_config(cfg.generator)
+        return SGLangEngine(cfg.generator.sglang)
     from asyncrl.engine.torch_engine import TorchEngine
 
     return TorchEngine(model_path, device=device, dtype=resolve_dtype(cfg.model, device),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from asyncrl.engine.sglang_config import SGLangConfig
+
 
 @dataclass(kw_only=True, slots=True)
 class GeneratorConfig:
@@ -23,6 +25,8 @@ class GeneratorConfig:
     """Seconds between heartbeats to the hub."""
     seed: int = 0
     """Base seed of sampling (each prompt and sample derives its own)."""
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    """How to reach the SGLang server when engine = "sglang"."""
 
     def __post_init__(self) -> None:
         if self.count < 1:

@@ -1,0 +1,385 @@
+"""SGLang as an asyncrl `Engine`: an adapter for a running SGLang HTTP server (0.5.23 protocol; servers
+<= 0.5.20 are detected and driven without the begin/end session). See docs/sglang-api.md.
+
+Concurrency:
+
+    generator thread          worker threads (max_in_flight)              SGLang server
+    add() ──► _waiting ─────► POST /generate, blocks until it finishes ──► scheduler (continuous batching)
+    step() ◄── _finished ◄─── parsed outputs / errors ◄────────────────────
+    pause / resume / abort ── control POSTs, in the caller's thread ──────►
+    weight receiver thread ── update_weights_from_distributed ────────────► scheduler ranks ◄── learner broadcast
+
+* `add` never blocks; a request waits in `_waiting` until a worker is free and generation is not paused.
+* Workers block on HTTP only. A /generate that reaches a paused server waits there until continue.
+* `step` returns whatever finished since the last call, waiting at most 10 ms for the first output.
+* Staleness: none is added here; each token carries the version SGLang reports for it (its
+  `weight_versions` spans), so tokens of a request that spans an update are stamped per token.
+
+The weight receiver (asyncrl.weights) drives `init_weights_update_group` and
+`update_weights_from_distributed`: SGLang's scheduler ranks, not this process, receive the broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Self
+
+import torch
+
+from asyncrl.engine.protocol import EngineStats, GenerationOutput, GenerationRequest, PauseMode
+from asyncrl.engine.sglang_config import SGLangConfig
+from asyncrl.engine.sglang_generate import aborted_unsent, generate_payload, parse_outputs, version_number
+from asyncrl.engine.sglang_http import SGLangConnectionError, SGLangError, SGLangHTTP
+from asyncrl.engine.sglang_weights import SGLangWeightSync
+from asyncrl.records import FinishReason, WeightBucket, WeightGroupInit
+
+log = logging.getLogger(__name__)
+
+_STEP_WAIT_S = 0.01
+
+
+@dataclass(slots=True)
+class _Job:
+    request: GenerationRequest
+    rid: str  # SGLang rid (n == 1), rid prefix of the samples (deterministic mode), else unused
+    queued_at: float
+
+
+class SGLangEngine:
+    def __init__(self, config: SGLangConfig) -> None:
+        self.config = config
+        self._http = SGLangHTTP(config.base_url, config.api_key)
+        label = self._model_info().get("weight_version")
+        self._version = version_number(label)
+        self._weights = SGLangWeightSync(self._http, config, str(label))
+        self._tp_size: int | None = None
+        self._group_name: str | None = None  # the group joined through init_weights_group
+        self._cond = threading.Condition()
+        self._waiting: deque[_Job] = deque()
+        self._running: dict[str, _Job] = {}
+        self._finished: list[GenerationOutput] = []
+        self._errors: list[SGLangError] = []
+        self._paused = False
+        self._closed = False
+        self._tokens = 0
+        self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sglang-control")
+        self._workers = [
+            threading.Thread(target=self._work, name=f"sglang-generate-{i}", daemon=True)
+            for i in range(config.max_in_flight)
+        ]
+        for w in self._workers:
+            w.start()
+
+    # ---------------------------------------------------------------- generation
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def add(self, request: GenerationRequest) -> None:
+        if request.n < 1 or not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id!r}: needs n >= 1 and a non-empty prompt")
+        with self._cond:
+            if self._closed:
+                raise SGLangError("SGLangEngine is closed")
+            self._waiting.append(_Job(request, f"asyncrl-{uuid.uuid4().hex}", time.monotonic()))
+            self._cond.notify()
+
+    def step(self) -> list[GenerationOutput]:
+        """Finished samples since the last call; raises the first failed /generate (then the next...)."""
+        with self._cond:
+            if not self._finished and not self._errors and (self._waiting or self._running):
+                self._cond.wait(_STEP_WAIT_S)
+            if self._errors:
+                raise self._errors.pop(0)
+            out, self._finished = self._finished, []
+        return out
+
+    def has_work(self) -> bool:
+        with self._cond:
+            return bool(self._waiting or self._running or self._finished)
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            return EngineStats(
+                running=sum(j.request.n for j in self._running.values()),
+                waiting=sum(j.request.n for j in self._waiting),
+                tokens_generated=self._tokens,
+                weight_version=self._version,
+            )
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationOutput]:
+        """Abort these requests (all when None) and return their partial outputs. SGLang gives the n > 1
+        samples of a request fresh rids, so such a request can only be aborted by aborting all."""
+        ids = None if request_ids is None else set(request_ids)
+        unsent, in_flight = self._take_jobs(lambda j: ids is None or j.request.request_id in ids)
+        if ids is None and in_flight:
+            self._post("/abort_request", {"abort_all": True})
+        elif ids is not None:
+            alone = [j for j in in_flight if j.request.n == 1 or self.config.deterministic]
+            for job in alone:
+                self._post("/abort_request", {"rid": job.rid})  # prefix match: our rids are unique uuids
+            for job in in_flight:
+                if job not in alone:
+                    log.warning(
+                        "request %r (n=%d) cannot be aborted alone; it will finish",
+                        job.request.request_id,
+                        job.request.n,
+                    )
+            in_flight = alone
+        self._wait_returned(in_flight)
+        return self._take_aborted({j.request.request_id for j in in_flight}) + unsent
+
+    # ---------------------------------------------------------------- pause / resume
+
+    def pause(self, mode: PauseMode) -> list[GenerationOutput]:
+        """'abort': SGLang aborts everything in flight (partial outputs are returned here, with the
+        requests not yet sent), then the prefix cache is flushed. 'continue': requests stay in SGLang
+        under `config.continue_mode` ("retract" by default: their KV is dropped and recomputed under the
+        new weights, so the cache can be flushed; "in_place" keeps stale KV and cannot flush)."""
+        if mode not in ("abort", "continue"):
+            raise ValueError(f"pause mode {mode!r}: must be 'abort' or 'continue'")
+        if mode == "continue":
+            with self._cond:
+                self._paused = True
+            self._post("/pause_generation", {"mode": self.config.continue_mode})
+            if self.config.continue_mode == "retract":
+                self.flush_cache()
+            return []
+        with self._cond:
+            self._paused = True  # workers send nothing new from here on
+            sent = list(self._running.values())
+        self._post("/pause_generation", {"mode": "abort"})
+        unsent, running = self._take_jobs(lambda j: True)
+        in_flight = list({j.rid: j for j in sent + running}.values())
+        self._wait_returned(in_flight)
+        self.flush_cache()
+        return self._take_aborted({j.request.request_id for j in in_flight}) + unsent
+
+    def resume(self) -> None:
+        self._post("/continue_generation", {})
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def flush_cache(self) -> None:
+        """Drop the prefix cache; SGLang refuses while requests run, so retry until idle."""
+        deadline = time.monotonic() + self.config.flush_timeout_s
+        delay = 0.02
+        while True:
+            resp = self._http.call("/flush_cache", None, timeout_s=self.config.request_timeout_s, allow=(400,))
+            if resp.status < 400:
+                return
+            if time.monotonic() + delay > deadline:
+                raise SGLangError(
+                    f"SGLang {self.config.base_url}/flush_cache still refused after {self.config.flush_timeout_s:g} s "
+                    f"({resp.text().strip()!r}); requests are still running (is generation paused?)"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    # ---------------------------------------------------------------- weights
+
+    def begin_weight_update(self) -> None:
+        self._weights.begin()
+
+    def end_weight_update(self, version: int) -> None:
+        self._weights.end(version)
+        self._version = version
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Colocated only (CUDA IPC via /update_weights_from_tensor); otherwise raises SGLangError that
+        points to update_weights_from_distributed."""
+        tp_size = self._server_tp_size() if self.config.colocated else 1
+        self._weights.update_from_tensor(named_tensors, tp_size)
+
+    def init_weights_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        """Blocks until the learner's rank 0 joins the rendezvous; see submit_init_weights_update_group."""
+        self._weights.init_group(master_address, master_port, rank_offset, world_size, group_name, backend)
+
+    def submit_init_weights_update_group(self, *args: Any, **kwargs: Any) -> Future[None]:
+        """Fire init_weights_update_group in the background (when the caller also hosts rank 0)."""
+        return self._control.submit(self.init_weights_update_group, *args, **kwargs)
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        self._weights.destroy_group(group_name)
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        version: int,
+        load_format: str | None = None,
+    ) -> str:
+        """Blocks until the server has received this bucket from the learner's broadcast and loaded it.
+        `load_format`: None (one broadcast per tensor) or "flattened_bucket" (one uint8 broadcast)."""
+        return self._weights.update_from_distributed(names, dtypes, shapes, group_name, version, load_format)
+
+    def submit_update_weights_from_distributed(self, *args: Any, **kwargs: Any) -> Future[str]:
+        """Fire the call, broadcast (learner side), then `.result()`: the order SGLang requires."""
+        return self._control.submit(self.update_weights_from_distributed, *args, **kwargs)
+
+    def receiving_ranks(self) -> int:
+        """How many ranks this server adds to a weight group (its TP size): world_size = 1 + this."""
+        return self._server_tp_size()
+
+    # asyncrl.weights.transport.DirectReceiver: the weight receiver forwards the learner's group and
+    # buckets here, and SGLang's scheduler ranks receive the broadcast themselves.
+
+    def init_weights_group(self, init: WeightGroupInit) -> None:
+        if init.backend not in ("nccl", "gloo"):
+            raise SGLangError(
+                f"weight group backend {init.backend!r}: SGLang receives only by broadcast (nccl, or gloo on "
+                "CPU); a learner on the same GPU must use load_weights with sglang.colocated=true"
+            )
+        self.init_weights_update_group(
+            init.master_address, init.master_port, init.rank_offset, init.world_size, init.group_name, init.backend
+        )
+        self._group_name = init.group_name
+
+    def receive_bucket(self, bucket: WeightBucket) -> None:
+        """Returns once SGLang has received this bucket's broadcast and loaded it."""
+        if self._group_name is None:
+            raise SGLangError("receive_bucket before init_weights_group: no weight group to receive on")
+        self._weights.receive_bucket(bucket, self._group_name)
+
+    def destroy_weights_group(self) -> None:
+        name, self._group_name = self._group_name, None
+        if name is not None:
+            try:
+                self.destroy_weights_update_group(name)
+            except SGLangError as e:  # leaving a broken group: log, the next join replaces it
+                log.warning("destroying weight group %s: %s", name, e)
+
+    @property
+    def legacy(self) -> bool | None:
+        """True for SGLang <= 0.5.20 (no begin/end session); None until the first begin_weight_update."""
+        return self._weights.legacy
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Stop sending, abort what runs in the server (best effort), stop the workers. The server
+        itself keeps running."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._waiting.clear()
+            busy = bool(self._running)
+            self._cond.notify_all()
+        if busy:
+            try:
+                self._post("/abort_request", {"abort_all": True})
+            except SGLangError as e:
+                log.warning("close: abort_all failed: %s", e)
+        deadline = time.monotonic() + self.config.abort_drain_s
+        for w in self._workers:
+            w.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._control.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or (self._waiting and not self._paused))
+                if self._closed:
+                    return
+                job = self._waiting.popleft()
+                self._running[job.rid] = job
+            outputs: list[GenerationOutput] = []
+            error: SGLangError | None = None
+            try:
+                outputs = self._generate(job)
+            except SGLangError as e:
+                e.add_note(f"while generating request {job.request.request_id!r}")
+                error = e
+            with self._cond:
+                del self._running[job.rid]
+                self._finished.extend(outputs)
+                self._tokens += sum(len(o.token_ids) for o in outputs)
+                if error is not None:
+                    self._errors.append(error)
+                self._cond.notify_all()
+
+    def _generate(self, job: _Job) -> list[GenerationOutput]:
+        sent = time.monotonic()
+        body = generate_payload(
+            job.request, deterministic=self.config.deterministic, extra=self.config.extra_sampling_params, rid=job.rid
+        )
+        resp = self._http.call("/generate", body, timeout_s=self.config.generate_timeout_s)
+        timings = {"queue": sent - job.queued_at, "http": time.monotonic() - sent}
+        return parse_outputs(job.request, resp.json(), timings)
+
+    def _take_jobs(self, match: Callable[[_Job], bool]) -> tuple[list[GenerationOutput], list[_Job]]:
+        """Remove matching unsent jobs (returned as empty aborted outputs); list matching running ones."""
+        with self._cond:
+            unsent = [j for j in self._waiting if match(j)]
+            self._waiting = deque(j for j in self._waiting if not match(j))
+            running = [j for j in self._running.values() if match(j)]
+        return [o for j in unsent for o in aborted_unsent(j.request, self._version)], running
+
+    def _wait_returned(self, jobs: list[_Job]) -> None:
+        with self._cond:
+            done = self._cond.wait_for(
+                lambda: not any(j.rid in self._running for j in jobs), timeout=self.config.abort_drain_s
+            )
+        if not done:
+            log.warning(
+                "aborted /generate calls did not return within %.1f s; they finish later", self.config.abort_drain_s
+            )
+
+    def _take_aborted(self, request_ids: set[str]) -> list[GenerationOutput]:
+        with self._cond:
+            taken = [o for o in self._finished if o.finish_reason == FinishReason.ABORT and o.request_id in request_ids]
+            self._finished = [
+                o for o in self._finished if not (o.finish_reason == FinishReason.ABORT and o.request_id in request_ids)
+            ]
+        return taken
+
+    def _post(self, path: str, payload: dict[str, Any]) -> None:
+        self._http.call(path, payload, timeout_s=self.config.request_timeout_s)
+
+    def _model_info(self) -> dict[str, Any]:
+        """GET /model_info, retried for `startup_wait_s` while the server is not up yet."""
+        deadline = time.monotonic() + self.config.startup_wait_s
+        while True:
+            try:
+                resp = self._http.call(
+                    "/model_info", None, method="GET", timeout_s=self.config.request_timeout_s, allow=(404,)
+                )
+                if resp.status == 404:  # older servers: only the deprecated alias
+                    resp = self._http.call(
+                        "/get_model_info", None, method="GET", timeout_s=self.config.request_timeout_s
+                    )
+                return resp.json() or {}
+            except SGLangConnectionError as e:
+                if time.monotonic() >= deadline:
+                    raise SGLangConnectionError(
+                        f"{e} (waited {self.config.startup_wait_s:g} s; raise sglang.startup_wait_s if it is still starting)"
+                    ) from e
+                time.sleep(0.5)
+
+    def _server_tp_size(self) -> int:
+        if self._tp_size is None:
+            info = self._http.call("/server_info", None, method="GET", timeout_s=self.config.request_timeout_s).json()
+            self._tp_size = int((info or {}).get("tp_size", 1))
+        return self._tp_size

@@ -1,0 +1,127 @@
+"""The /generate exchange: build the request body of one GenerationRequest, turn the answer into
+GenerationOutputs (docs/sglang-api.md §2.3-2.6).
+
+Answers are read defensively: an abort in SGLang's waiting queue returns a reduced meta_info, so
+every key is read with `.get()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any
+
+import numpy as np
+
+from asyncrl.engine.protocol import GenerationOutput, GenerationRequest
+from asyncrl.engine.sglang_http import SGLangError
+from asyncrl.records import FinishReason
+
+log = logging.getLogger(__name__)
+
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+def version_number(label: Any) -> int:
+    """SGLang versions are strings, asyncrl's ints. A non-integer label (SGLang's initial "default", or a
+    custom --weight-version) is the weights the server started with: version 0."""
+    try:
+        return int(label)
+    except (TypeError, ValueError):
+        return 0
+
+
+def generate_payload(
+    request: GenerationRequest, *, deterministic: bool, extra: dict[str, Any], rid: str
+) -> dict[str, Any]:
+    """The /generate body. With deterministic inference every sample needs its own `sampling_seed`
+    (else all n samples are identical, §6.14), so the n samples go as a batch of n copies, n=1 each."""
+    s = request.sampling
+    params: dict[str, Any] = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "max_new_tokens": s.max_new_tokens,
+        "stop_token_ids": list(s.stop_token_ids),
+        "ignore_eos": s.ignore_eos,
+        **extra,
+    }
+    body: dict[str, Any] = {"return_logprob": True}
+    if not deterministic:
+        body["input_ids"] = list(request.prompt_token_ids)
+        body["sampling_params"] = params | {"n": request.n}
+        if request.n == 1:
+            body["rid"] = rid  # n > 1 samples get fresh rids in SGLang anyway
+        return body
+    seed = s.seed if s.seed is not None else zlib.crc32(request.request_id.encode())
+    body["input_ids"] = [list(request.prompt_token_ids)] * request.n
+    body["sampling_params"] = [params | {"sampling_seed": seed + i} for i in range(request.n)]
+    body["rid"] = [f"{rid}-{i}" for i in range(request.n)]
+    return body
+
+
+def parse_outputs(request: GenerationRequest, answer: Any, timings: dict[str, float]) -> list[GenerationOutput]:
+    """One GenerationOutput per sample, sample_index = position in SGLang's (prompt-major) list."""
+    items = answer if isinstance(answer, list) else [answer]
+    if len(items) != request.n:
+        raise SGLangError(f"request {request.request_id!r}: asked for n={request.n}, SGLang returned {len(items)}")
+    return [parse_output(request.request_id, i, item, timings) for i, item in enumerate(items)]
+
+
+def parse_output(
+    request_id: str, sample_index: int, item: dict[str, Any], timings: dict[str, float]
+) -> GenerationOutput:
+    meta = item.get("meta_info") or {}
+    pairs = meta.get("output_token_logprobs") or []
+    tokens = np.array([p[1] for p in pairs], dtype=np.int32)  # [resp_len]
+    logprobs = np.array([p[0] for p in pairs], dtype=np.float32)  # [resp_len]
+    output_ids = item.get("output_ids")
+    if output_ids is not None and list(output_ids) != tokens.tolist():
+        raise SGLangError(
+            f"request {request_id!r}: output_token_logprobs ({len(tokens)} tokens) do not match output_ids "
+            f"({len(output_ids)}); was return_logprob dropped by a proxy?"
+        )
+    e2e = meta.get("e2e_latency")
+    return GenerationOutput(
+        request_id=request_id,
+        sample_index=sample_index,
+        token_ids=tokens,
+        logprobs=logprobs,
+        versions=token_versions(meta, len(tokens)),
+        finish_reason=finish_reason(meta.get("finish_reason"), request_id),
+        timings=timings | ({"e2e": float(e2e)} if e2e is not None else {}),
+    )
+
+
+def finish_reason(value: Any, request_id: str) -> FinishReason:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind in _FINISH:
+        return _FINISH[kind]
+    log.warning("request %r: unexpected finish_reason %r, treated as abort", request_id, value)
+    return FinishReason.ABORT
+
+
+def token_versions(meta: dict[str, Any], n_tokens: int) -> np.ndarray:
+    """[n_tokens] int32 from `weight_versions` spans (>= 0.5.20), else the single `weight_version`."""
+    last = version_number(meta.get("weight_version"))
+    versions = np.full(n_tokens, last, dtype=np.int32)
+    for span in meta.get("weight_versions") or []:
+        start, end = int(span.get("start", 0)), int(span.get("end", n_tokens))
+        versions[max(start, 0) : min(end, n_tokens)] = version_number(span.get("version"))
+    return versions
+
+
+def aborted_unsent(request: GenerationRequest, version: int) -> list[GenerationOutput]:
+    """Outputs of a request that never reached the server: aborted, no tokens."""
+    empty_i = np.zeros(0, dtype=np.int32)
+    return [
+        GenerationOutput(
+            request_id=request.request_id,
+            sample_index=i,
+            token_ids=empty_i,
+            logprobs=np.zeros(0, dtype=np.float32),
+            versions=np.full(0, version, dtype=np.int32),
+            finish_reason=FinishReason.ABORT,
+        )
+        for i in range(request.n)
+    ]

@@ -1,0 +1,246 @@
+"""SGLangEngine (the HTTP adapter) against the protocol-faithful test double: generation, pause/resume,
+versions without a weight push, legacy servers, and error paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asyncrl.engine.protocol import Engine, GenerationRequest
+from asyncrl.engine.sglang_config import SGLangConfig
+from asyncrl.engine.sglang_engine import SGLangEngine
+from asyncrl.engine.sglang_http import SGLangConnectionError, SGLangError, SGLangHTTP, SGLangHTTPError
+from asyncrl.records import FinishReason, SamplingParams
+from tests.doubles.sglang_double import SGLangDouble
+from tests.doubles.sglang_testing import collect, free_port, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture
+def double():
+    with SGLangDouble() as d:
+        yield d
+
+
+def make_engine(double: SGLangDouble, **kw) -> SGLangEngine:
+    return SGLangEngine(SGLangConfig(base_url=double.url, request_timeout_s=10.0, generate_timeout_s=20.0, **kw))
+
+
+@pytest.fixture
+def engine(double):
+    with make_engine(double) as e:
+        yield e
+
+
+def request(rid: str, n: int = 1, prompt: list[int] = PROMPT, **sampling) -> GenerationRequest:
+    return GenerationRequest(request_id=rid, prompt_token_ids=prompt, sampling=SamplingParams(**sampling), n=n)
+
+
+def expected_logprobs(double: SGLangDouble, prompt, out, temperature: float, version: str) -> np.ndarray:
+    return np.array([
+        double.model.logprobs(version, prompt, i, temperature)[t] for i, t in enumerate(out.token_ids.tolist())
+    ])  # fmt: skip
+
+
+def test_is_an_engine(engine):
+    assert isinstance(engine, Engine)
+    assert engine.weight_version == 0  # SGLang's "default" label
+    assert engine.stats().running == 0
+
+
+def test_n_samples_come_back_in_order_with_sampling_params(engine, double):
+    engine.add(request("a", n=3, temperature=0.8, top_p=0.9, top_k=20, max_new_tokens=40))
+    engine.add(request("b", n=1, prompt=[9, 9], max_new_tokens=5))
+    outs = collect(engine)
+    assert [(o.request_id, o.sample_index) for o in outs] == [("a", 0), ("a", 1), ("a", 2), ("b", 0)]
+    assert len({tuple(o.token_ids) for o in outs[:3]}) > 1  # samples differ
+    sent = [body for path, body in double.calls if path == "/generate"]
+    params = next(b["sampling_params"] for b in sent if b["input_ids"] == PROMPT)
+    assert params == {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "max_new_tokens": 40,
+                      "stop_token_ids": [], "ignore_eos": False, "n": 3}  # fmt: skip
+    assert all(b["return_logprob"] is True and "sampling_seed" not in str(b) for b in sent)
+
+
+def test_deterministic_mode_seeds_each_sample():
+    with SGLangDouble(deterministic=True) as d, make_engine(d, deterministic=True) as e:
+        for rid in ("x", "y"):
+            e.add(request(rid, n=3, max_new_tokens=30, seed=11))
+        outs = collect(e)
+        x, y = outs[:3], outs[3:]
+        assert len({tuple(o.token_ids) for o in x}) == 3  # one seed per sample, not 42 for all
+        assert [o.token_ids.tolist() for o in x] == [o.token_ids.tolist() for o in y]  # same seeds, same samples
+        seeds = [p["sampling_seed"] for path, b in d.calls if path == "/generate" for p in b["sampling_params"]]
+        assert seeds == [11, 12, 13, 11, 12, 13]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 1.7])
+def test_logprobs_are_temperature_scaled_under_the_server_version(engine, double, temperature):
+    engine.add(request("a", n=2, temperature=temperature, max_new_tokens=12))
+    for out in collect(engine):
+        assert out.logprobs.dtype == np.float32 and out.token_ids.dtype == np.int32
+        np.testing.assert_allclose(
+            out.logprobs, expected_logprobs(double, PROMPT, out, temperature, "default"), rtol=1e-5
+        )
+        assert (out.versions == 0).all()
+
+
+def test_version_set_by_end_weight_update_stamps_later_tokens(engine, double):
+    assert engine.pause("abort") == []
+    engine.begin_weight_update()
+    engine.end_weight_update(5)
+    engine.resume()
+    assert engine.weight_version == 5 and double.version == "5"
+    assert ("/update_weight_version", {"new_version": "5", "abort_all_requests": False}) in double.calls
+    engine.add(request("a", temperature=0.9, max_new_tokens=10))
+    (out,) = collect(engine)
+    assert (out.versions == 5).all()
+    np.testing.assert_allclose(out.logprobs, expected_logprobs(double, PROMPT, out, 0.9, "5"), rtol=1e-5)
+
+
+def test_finish_reasons(engine, double):
+    greedy_first = int(np.argmax(double.model.logits("default", PROMPT, 0)))
+    engine.add(request("eos", max_new_tokens=100))  # the double's EOS dominates from position 24
+    engine.add(request("len", max_new_tokens=10))
+    engine.add(request("stop_id", temperature=0.0, stop_token_ids=[greedy_first], max_new_tokens=10))
+    engine.add(request("ignore", ignore_eos=True, max_new_tokens=30))
+    outs = {o.request_id: o for o in collect(engine)}
+    assert outs["eos"].finish_reason == FinishReason.STOP and outs["eos"].token_ids[-1] == 2
+    assert len(outs["eos"].token_ids) == 25
+    assert outs["len"].finish_reason == FinishReason.LENGTH and len(outs["len"].token_ids) == 10
+    assert outs["stop_id"].finish_reason == FinishReason.STOP and outs["stop_id"].token_ids.tolist() == [greedy_first]
+    assert outs["ignore"].finish_reason == FinishReason.LENGTH and len(outs["ignore"].token_ids) == 30
+    assert 2 in outs["ignore"].token_ids[24:]  # EOS was sampled and ignored
+
+
+def test_pause_abort_returns_partial_and_unsent_outputs(double):
+    with make_engine(double, max_in_flight=1) as engine:
+        engine.add(request("long", ignore_eos=True, max_new_tokens=300))
+        engine.add(request("queued", n=2, max_new_tokens=5))
+        wait_until(lambda: double.tokens_generated >= 10, what="tokens")
+        aborted = sorted(engine.pause("abort"), key=lambda o: (o.request_id, o.sample_index))
+        assert [(o.request_id, o.sample_index) for o in aborted] == [("long", 0), ("queued", 0), ("queued", 1)]
+        assert all(o.finish_reason == FinishReason.ABORT for o in aborted)
+        long = aborted[0]
+        assert 10 <= len(long.token_ids) < 300 and len(long.logprobs) == len(long.versions) == len(long.token_ids)
+        np.testing.assert_allclose(long.logprobs, expected_logprobs(double, PROMPT, long, 1.0, "default"), rtol=1e-5)
+        assert len(aborted[1].token_ids) == 0
+        assert not engine.has_work() and double.paused == "abort"
+        assert not double.prefix_cache  # flushed while idle
+        engine.resume()
+        engine.add(request("after", max_new_tokens=3))
+        assert [o.finish_reason for o in collect(engine)] == [FinishReason.LENGTH]
+
+
+def test_pause_continue_retracts_and_requests_finish_after_resume(engine, double):
+    engine.add(request("a", ignore_eos=True, max_new_tokens=200))
+    wait_until(lambda: double.tokens_generated >= 5, what="tokens")
+    assert engine.pause("continue") == []
+    assert double.paused == "retract" and ("/flush_cache", {}) in double.calls
+    assert engine.step() == []  # nothing finishes while paused
+    engine.resume()
+    (out,) = collect(engine)
+    assert out.finish_reason == FinishReason.LENGTH and len(out.token_ids) == 200
+
+
+def test_abort_while_retracted_reads_the_reduced_meta_info(engine, double):
+    engine.add(request("a", ignore_eos=True, max_new_tokens=200))
+    engine.add(request("b", ignore_eos=True, max_new_tokens=200))
+    wait_until(lambda: double.tokens_generated >= 4, what="tokens")
+    engine.pause("continue")
+    outs = sorted(engine.abort(["a"]), key=lambda o: o.request_id)
+    assert [o.request_id for o in outs] == ["a"] and outs[0].finish_reason == FinishReason.ABORT
+    assert len(outs[0].token_ids) >= 1  # partial output of an "Abort in waiting queue"
+    rest = engine.abort()
+    assert [o.request_id for o in rest] == ["b"] and not engine.has_work()
+    engine.resume()
+
+
+def test_in_place_mode_skips_the_flush(double):
+    with make_engine(double, continue_mode="in_place") as engine:
+        engine.add(request("a", ignore_eos=True, max_new_tokens=100))
+        wait_until(lambda: double.tokens_generated >= 3, what="tokens")
+        engine.pause("continue")
+        assert double.paused == "in_place" and all(path != "/flush_cache" for path, _ in double.calls)
+        engine.resume()
+        assert len(collect(engine)[0].token_ids) == 100
+
+
+def test_legacy_server_skips_begin_and_end_and_keeps_requests_running():
+    with SGLangDouble(version_mode="legacy") as d, make_engine(d) as engine:
+        engine.add(request("a", ignore_eos=True, max_new_tokens=150))
+        wait_until(lambda: d.tokens_generated >= 5, what="tokens")
+        engine.begin_weight_update()
+        assert engine.legacy is True
+        engine.begin_weight_update()  # no second probe
+        engine.end_weight_update(3)
+        (out,) = collect(engine)
+        assert out.finish_reason == FinishReason.LENGTH  # abort_all_requests=false kept it running
+        assert out.versions[0] == 0 and out.versions[-1] == 3 and engine.weight_version == 3
+        paths = [p for p, _ in d.calls]
+        assert paths.count("/begin_weight_update") == 1 and "/end_weight_update" not in paths
+
+
+def test_unreachable_server_is_a_clear_error():
+    with pytest.raises(SGLangConnectionError, match="Is the server running"):
+        SGLangEngine(SGLangConfig(base_url=f"http://127.0.0.1:{free_port()}", request_timeout_s=2.0))
+
+
+def test_server_errors_surface_from_step(double):
+    with make_engine(double, extra_sampling_params={"bogus_key": 1}) as engine:
+        engine.add(request("a", max_new_tokens=4))
+        with pytest.raises(SGLangHTTPError, match="bogus_key") as err:
+            collect(engine)
+        assert err.value.status == 400 and "request 'a'" in str(err.value.__notes__)
+    with make_engine(double) as engine:
+        engine.add(request("long", prompt=[1] * 390, max_new_tokens=20))  # context_len is 400
+        with pytest.raises(SGLangHTTPError, match="maximum context length of 400"):
+            collect(engine)
+
+
+def test_generate_timeout_is_enforced(double):
+    SGLangHTTP(double.url).call("/pause_generation", {"mode": "abort"}, timeout_s=5)
+    with SGLangEngine(SGLangConfig(base_url=double.url, generate_timeout_s=0.3)) as engine:
+        engine.add(request("a", max_new_tokens=4))
+        with pytest.raises(SGLangConnectionError, match="no answer within 0.3 s"):
+            collect(engine)
+    SGLangHTTP(double.url).call("/continue_generation", {}, timeout_s=5)
+
+
+def test_session_errors_are_surfaced(engine, double):
+    engine.begin_weight_update()
+    with pytest.raises(SGLangHTTPError, match="already open; call end_weight_update"):
+        engine.begin_weight_update()
+    engine.end_weight_update(1)
+    with pytest.raises(SGLangHTTPError, match="no weight-update session is open"):
+        engine.end_weight_update(2)
+    with pytest.raises(SGLangHTTPError, match="must run between begin_weight_update"):
+        engine.update_weights_from_distributed(["w"], ["float32"], [[2]], "g", version=3)
+    with pytest.raises(SGLangHTTPError, match="The group to be destroyed does not exist"):
+        engine.destroy_weights_update_group("nope")
+
+
+def test_load_weights_needs_colocation(engine):
+    with pytest.raises(SGLangError, match="update_weights_from_distributed"):
+        engine.load_weights([])
+
+
+def test_api_key_is_sent():
+    with SGLangDouble(api_key="secret") as d:
+        with pytest.raises(SGLangHTTPError, match="401"):
+            SGLangEngine(SGLangConfig(base_url=d.url))
+        with make_engine(d, api_key="secret") as engine:
+            engine.add(request("a", max_new_tokens=2))
+            assert len(collect(engine)) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_in_flight", 0), ("base_url", "localhost:30000"), ("continue_mode", "abort"),
+     ("extra_sampling_params", {"temperature": 0.5}), ("request_timeout_s", 0.0)],
+)  # fmt: skip
+def test_config_rejects_bad_values(field, value):
+    with pytest.raises(ValueError, match=field if field != "base_url" else "base_url"):
+        SGLangConfig(**{field: value})

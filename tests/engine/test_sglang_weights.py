@@ -1,0 +1,150 @@
+"""The SGLang weight push end to end over a real gloo group: the learner's rank 0 lives in this test
+process, the double's two TP ranks are child processes, SGLangEngine sends the HTTP calls."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from asyncrl.engine.protocol import GenerationRequest
+from asyncrl.engine.sglang_config import SGLangConfig
+from asyncrl.engine.sglang_engine import SGLangEngine
+from asyncrl.engine.sglang_http import SGLangHTTPError
+from asyncrl.records import FinishReason, SamplingParams, WeightBucket, WeightGroupInit
+from tests.doubles.process_group import join_group, leave_group
+from tests.doubles.sglang_double import SGLangDouble
+from tests.doubles.sglang_testing import collect, free_port, wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+TP = 2
+GROUP = "weights-test"
+PROMPT = [3, 1, 4, 1, 5]
+
+
+@pytest.fixture(scope="module")
+def rig():
+    """(double, engine, learner process group): joined once, the way a generator joins at start."""
+    with SGLangDouble(tp_size=TP, group_timeout_s=3.0) as double:
+        engine = SGLangEngine(SGLangConfig(base_url=double.url, request_timeout_s=10.0, weight_update_timeout_s=30.0))
+        port = free_port()
+        joined = engine.submit_init_weights_update_group("127.0.0.1", port, 1, 1 + TP, GROUP, "gloo")
+        pg = join_group(master_address="127.0.0.1", master_port=port, world_size=1 + TP, rank=0,
+                        group_name=GROUP, timeout_s=30.0)  # fmt: skip
+        joined.result(timeout=30)
+        yield double, engine, pg
+        engine.destroy_weights_update_group(GROUP)
+        leave_group(pg)
+        engine.close()
+
+
+def push(engine: SGLangEngine, pg, tensors: dict[str, torch.Tensor], version: int, flattened: bool = False) -> str:
+    """What the learner's weight sender does for one bucket: fire the HTTP call, broadcast, await."""
+    done: Future[str] = engine.submit_update_weights_from_distributed(
+        list(tensors), [str(t.dtype) for t in tensors.values()], [list(t.shape) for t in tensors.values()],
+        GROUP, version, "flattened_bucket" if flattened else None,
+    )  # fmt: skip
+    if flattened:
+        dist.broadcast(torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in tensors.values()]), 0, group=pg)
+    else:
+        for t in tensors.values():
+            dist.broadcast(t.contiguous(), 0, group=pg)
+    return done.result(timeout=30)
+
+
+def test_full_update_flow_stamps_new_version_on_later_tokens(rig):
+    double, engine, pg = rig
+    engine.add(GenerationRequest(request_id="live", prompt_token_ids=PROMPT, n=2,
+                                 sampling=SamplingParams(ignore_eos=True, max_new_tokens=250)))  # fmt: skip
+    wait_until(lambda: double.tokens_generated >= 20, what="tokens before the update")
+
+    assert engine.pause("continue") == []
+    engine.begin_weight_update()
+    assert double.session_open and double.paused == "retract"
+    bucket1 = {"model.embed_tokens.weight": torch.randn(8, 4), "model.norm.weight": torch.ones(4, dtype=torch.bfloat16)}
+    bucket2 = {"lm_head.weight": torch.randn(8, 4, dtype=torch.bfloat16), "model.scale": torch.tensor(2.5)}
+    assert "Weight version updated to 1" in push(engine, pg, bucket1, version=1)
+    push(engine, pg, bucket2, version=1, flattened=True)
+    engine.end_weight_update(1)
+    engine.resume()
+
+    assert not double.session_open and double.version == "1" and engine.weight_version == 1
+    for name, t in (bucket1 | bucket2).items():
+        assert double.weights[name].dtype == t.dtype and torch.equal(double.weights[name], t), name
+    outs = collect(engine)
+    assert [o.finish_reason for o in outs] == [FinishReason.LENGTH] * 2
+    for out in outs:
+        switch = int(np.argmax(out.versions == 1))
+        assert 0 < switch < 250 and (out.versions[:switch] == 0).all() and (out.versions[switch:] == 1).all()
+        for i in (switch - 1, switch, 249):
+            label = "default" if i < switch else "1"
+            assert out.logprobs[i] == pytest.approx(
+                double.model.logprobs(label, PROMPT, i, 1.0)[out.token_ids[i]], rel=1e-5
+            )
+    assert '"/update_weight_version"' not in str(double.calls)  # the buckets already carried the version
+
+
+def test_bad_dtype_fails_before_any_broadcast_and_the_group_survives(rig):
+    double, engine, pg = rig
+    engine.pause("abort")
+    engine.begin_weight_update()
+    with pytest.raises(SGLangHTTPError, match="has no attribute 'float33'") as err:
+        engine.update_weights_from_distributed(["w"], ["float33"], [[2]], GROUP, version=2)
+    assert err.value.status == 400
+    with pytest.raises(SGLangHTTPError, match="Unaligned received tensor"):
+        engine.update_weights_from_distributed(
+            ["a", "b"], ["uint8", "float32"], [[3], [2]], GROUP, version=2, load_format="flattened_bucket"
+        )
+    t = torch.arange(6, dtype=torch.float32)
+    push(engine, pg, {"w": t}, version=2)  # nothing was consumed by the failed calls
+    engine.end_weight_update(2)
+    engine.resume()
+    assert torch.equal(double.weights["w"], t) and double.version == "2"
+
+
+def test_group_init_times_out_when_the_learner_never_joins(rig):
+    _double, engine, _ = rig
+    with pytest.raises(SGLangHTTPError, match="Failed to initialize custom process group"):
+        engine.init_weights_update_group("127.0.0.1", free_port(), 1, 1 + TP, "lonely", "gloo")
+    with pytest.raises(SGLangHTTPError, match="already been created"):
+        engine.init_weights_update_group("127.0.0.1", free_port(), 1, 1 + TP, GROUP, "gloo")
+
+
+def test_direct_receiver_path_forwards_flat_buckets(rig):
+    """How asyncrl.weights' WeightReceiver drives SGLang: group init and one flat bucket per call."""
+    double, engine, _ = rig
+    transport = pytest.importorskip("asyncrl.weights.transport")
+    assert isinstance(engine, transport.DirectReceiver) and engine.receiving_ranks() == TP
+    port = free_port()
+    init = WeightGroupInit(
+        master_address="127.0.0.1",
+        master_port=port,
+        rank_offset=1,
+        world_size=1 + TP,
+        group_name="direct",
+        backend="gloo",
+    )
+    tensors = {"a.weight": torch.randn(2, 3), "b.bias": torch.randn(4)}
+    flat = torch.cat([t.view(-1).view(torch.uint8) for t in tensors.values()])
+    layout = {"names": list(tensors), "dtypes": ["float32"] * 2, "shapes": [[2, 3], [4]], "nbytes": 40}
+    with ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(engine.init_weights_group, init)
+        pg = join_group(master_address="127.0.0.1", master_port=port, world_size=1 + TP, rank=0, group_name="direct")
+        joined.result(timeout=30)
+        engine.pause("abort")
+        engine.begin_weight_update()
+        with pytest.raises(ValueError, match="expects it packed at byte 24"):
+            engine.receive_bucket(WeightBucket(version=9, offsets=[0, 32], **layout | {"nbytes": 48}))
+        loaded = pool.submit(engine.receive_bucket, WeightBucket(version=9, offsets=[0, 24], **layout))
+        dist.broadcast(flat, 0, group=pg)
+        loaded.result(timeout=30)
+    engine.end_weight_update(9)
+    engine.resume()
+    assert double.version == "9" and all(torch.equal(double.weights[k], t) for k, t in tensors.items())
+    engine.destroy_weights_group()
+    assert "direct" not in double.groups
+    leave_group(pg)
