@@ -1,0 +1,40 @@
+"""The paged KV cache: per-layer K and V block tensors.
+
+Layout: k[layer]: [num_blocks, block_size, num_kv_heads, head_dim] (same for v). Token t of a
+sequence lives in block `block_table[t // block_size]` at offset `t % block_size`; the flat slot
+`block_id * block_size + offset` indexes `k[layer].view(-1, num_kv_heads, head_dim)`.
+The tensors are zero-initialised: decode masks unused slots, and masked zeros never produce NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asyncrl.engine.model.config import ArchConfig
+
+
+class KVCache:
+    def __init__(
+        self, cfg: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, blocks, block_size, kv_heads, head_dim]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[index], self.v[index]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy block src -> dst in every layer (copy-on-write of a shared, partly filled block)."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.k.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.k.device)
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+    @staticmethod
+    def bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize

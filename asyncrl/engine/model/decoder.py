@@ -1,0 +1,77 @@
+"""The compact decoder-only LM (Llama / Qwen2 / Qwen3 / Mistral family).
+
+Module names mirror Hugging Face (`model.layers.3.self_attn.q_proj.weight`, `lm_head.weight`), so a
+learner's parameter names load one to one. Inputs are packed (no padding): `input_ids` and
+`positions` are flat over all sequences of the batch, described by `AttentionMetadata`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from asyncrl.engine.model.attention import Attention
+from asyncrl.engine.model.config import ArchConfig
+from asyncrl.engine.model.layers import MLP, RMSNorm, RotaryEmbedding, default_inv_freq
+from asyncrl.engine.paged_attention import AttentionMetadata
+
+
+class LayerCache(Protocol):
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:  # h: [num_tokens, hidden]
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, k_cache, v_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(default_inv_freq(cfg.head_dim, cfg.rope_theta))
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: LayerCache
+    ) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        cos, sin = self.rotary_emb(positions, h.dtype)  # [num_tokens, head_dim]
+        for i, layer in enumerate(self.layers):
+            k_cache, v_cache = kv_cache.layer(i)
+            h = layer(h, cos, sin, meta, k_cache, v_cache)
+        return self.norm(h)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = DecoderModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: LayerCache
+    ) -> torch.Tensor:
+        """-> hidden states [num_tokens, hidden]; call `compute_logits` on the rows that are sampled."""
+        return self.model(input_ids, positions, meta, kv_cache)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [num_rows, hidden] -> fp32 logits [num_rows, vocab] (matmul in the model dtype)."""
+        return self.lm_head(hidden).float()

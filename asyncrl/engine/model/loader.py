@@ -1,0 +1,80 @@
+"""Build the compact model from a Hugging Face folder, and copy named weights into it in place.
+
+The folder goes through `AutoModelForCausalLM.from_pretrained` (the same path the learner uses),
+then the compact model takes over that model's tensors (no second copy) and its RoPE tables.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from asyncrl.engine.model.config import ArchConfig
+from asyncrl.engine.model.decoder import CausalLM
+from asyncrl.engine.model.layers import default_inv_freq
+
+# Buffers that a learner's state_dict may carry but that are derived, not trained.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq")
+
+
+def load_hf_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    from transformers import AutoModelForCausalLM  # heavy import, only when a model is loaded
+
+    hf_model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=dtype)
+    model = build_from_hf(hf_model)
+    del hf_model
+    model.to(device)
+    model.tie_weights()
+    return model
+
+
+def build_from_hf(hf_model: Any) -> CausalLM:
+    """Compact model sharing `hf_model`'s tensors (same device and dtype)."""
+    arch = ArchConfig.from_hf(type(hf_model).__name__, hf_model.config, getattr(hf_model, "generation_config", None))
+    with torch.device("meta"):
+        model = CausalLM(arch)
+    state = {k: v for k, v in hf_model.state_dict().items() if not k.endswith(_IGNORED_SUFFIXES)}
+    if arch.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in result.missing_keys if not (arch.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{arch.architecture}: weights do not match the compact model "
+            f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})"
+        )
+    model.tie_weights()
+    _copy_rope(model, hf_model)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def _copy_rope(model: CausalLM, hf_model: Any) -> None:
+    rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
+    ours = model.model.rotary_emb
+    if rotary is not None and getattr(rotary, "inv_freq", None) is not None:
+        ours.inv_freq = rotary.inv_freq.detach().float().clone()
+        ours.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+    else:
+        ours.inv_freq = default_inv_freq(model.cfg.head_dim, model.cfg.rope_theta)
+
+
+def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Copy tensors by Hugging Face name into `model`'s parameters, in place (dtype and device are
+    converted). Validates the whole batch first, so a bad name or shape changes nothing. Returns the
+    names loaded."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    items = [(name, t) for name, t in named_tensors if not name.endswith(_IGNORED_SUFFIXES)]
+    unknown = [name for name, _ in items if name not in params]
+    if unknown:
+        raise ValueError(f"load_weights: unknown parameter names {unknown[:10]} (model is {model.cfg.architecture})")
+    bad = [f"{n}: got {tuple(t.shape)}, want {tuple(params[n].shape)}" for n, t in items if t.shape != params[n].shape]
+    if bad:
+        raise ValueError(f"load_weights: shape mismatch: {bad[:10]}")
+    with torch.no_grad():
+        for name, tensor in items:
+            params[name].copy_(tensor)
+    return [name for name, _ in items]

@@ -1,0 +1,70 @@
+"""Attention over the paged KV cache, with torch SDPA (the portable backend).
+
+The model calls three functions per layer; a faster backend (Triton / FlexAttention, CUDA graphs)
+replaces them without touching the model or the cache layout:
+
+* `store_kv`: write the new tokens' K/V into their slots (slot = block_id * block_size + offset).
+* `prefill_attention`: causal attention within each new sequence (prefill never reads cached KV:
+  there is no prefix cache, and a preempted sequence is recomputed from its first token).
+* `decode_attention`: one query token per sequence against its cached context, gathered by block table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(kw_only=True, slots=True)
+class AttentionMetadata:
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
+    seq_lens: list[int]  # prefill: new tokens per sequence (they are packed back to back)
+    block_tables: torch.Tensor | None = None  # decode: [batch, max_blocks] int64, padded with 0
+    context_lens: torch.Tensor | None = None  # decode: [batch] int64, cached tokens incl. the new one
+
+
+def store_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim];
+    k, v: [num_tokens, num_kv_heads, head_dim]."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], scale: float
+) -> torch.Tensor:
+    """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
+    -> [num_tokens, num_heads, head_dim]."""
+    outs = []
+    for qs, ks, vs in zip(q.split(seq_lens), k.split(seq_lens), v.split(seq_lens), strict=True):
+        out = F.scaled_dot_product_attention(
+            qs.transpose(0, 1)[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None],  # [1, heads, len, head_dim]
+            is_causal=True, scale=scale, enable_gqa=True,
+        )
+        outs.append(out[0].transpose(0, 1))  # [len, num_heads, head_dim]
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """q: [batch, num_heads, head_dim] -> [batch, num_heads, head_dim]."""
+    assert meta.block_tables is not None and meta.context_lens is not None
+    batch, max_blocks = meta.block_tables.shape
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    ctx = max_blocks * block_size
+    # [batch, num_kv_heads, ctx, head_dim]
+    k = k_cache[meta.block_tables].view(batch, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache[meta.block_tables].view(batch, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    positions = torch.arange(ctx, device=q.device)
+    mask = positions[None, :] < meta.context_lens[:, None]  # [batch, ctx], True = attend
+    out = F.scaled_dot_product_attention(
+        q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+    )  # [batch, num_heads, 1, head_dim]
+    return out[:, :, 0, :]

@@ -1,0 +1,98 @@
+"""Continuous batching: which groups to prefill and which sequences to decode in a step.
+
+    add() ──▶ waiting (FIFO of SequenceGroup) ──schedule_prefill──▶ running (Sequence) ──▶ finished
+                  ▲                                                     │
+                  └──────────── preempted (recomputed later) ◀──────────┘ schedule_decode, out of blocks
+
+* Prefill admits groups in arrival order while the running count (max_running), the free KV blocks
+  and the prefill token budget allow; the n samples of a group are admitted together and share one
+  prefill. A group that does not fit blocks the queue (no overtaking, so no starvation).
+* Decode runs every running sequence. When the next token of some sequence needs a block and none
+  is free, the most recently admitted sequences are preempted: their blocks are freed and they go
+  back to the front of the queue to be recomputed (their sampled tokens are kept).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from asyncrl.engine.block_manager import BlockManager
+from asyncrl.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_running: int, max_prefill_tokens: int) -> None:
+        self.blocks, self.max_running, self.max_prefill_tokens = blocks, max_running, max_prefill_tokens
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def num_waiting(self) -> int:
+        return sum(len(g.seqs) for g in self.waiting)
+
+    # ---------------------------------------------------------------- phases
+
+    def schedule_prefill(self) -> list[SequenceGroup]:
+        admitted: list[SequenceGroup] = []
+        budget = self.max_prefill_tokens
+        while self.waiting:
+            group = self.waiting[0]
+            num_tokens = len(group.prefill_token_ids())
+            if len(self.running) + len(group.seqs) > self.max_running or not self.blocks.can_allocate(group):
+                break
+            if admitted and num_tokens > budget:
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(group)
+            for seq in group.seqs:
+                seq.status = SequenceStatus.RUNNING
+            self.running.extend(group.seqs)
+            admitted.append(group)
+            budget -= num_tokens
+        return admitted
+
+    def schedule_decode(self) -> list[Sequence]:
+        """Running sequences whose next KV slot is now allocated (preempting the newest if needed)."""
+        while self.running and self._blocks_short():
+            self._preempt(self.running.pop())
+        for seq in self.running:
+            self.blocks.append_slot(seq)
+        return list(self.running)
+
+    def _blocks_short(self) -> bool:
+        return sum(self.blocks.needs_block(s) for s in self.running) > self.blocks.num_free
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.free_seq(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(SequenceGroup([seq], is_resume=True))
+        self.num_preemptions += 1
+
+    # ---------------------------------------------------------------- removal
+
+    def finish(self, seq: Sequence) -> None:
+        """Release a sequence that just finished (its status is already FINISHED)."""
+        self.running.remove(seq)
+        self.blocks.free_seq(seq)
+
+    def remove(self, request_ids: Iterable[str] | None) -> list[Sequence]:
+        """Take these requests' sequences out of the queue and the running set (all when None)."""
+        ids = None if request_ids is None else set(request_ids)
+
+        def hit(seq: Sequence) -> bool:
+            return ids is None or seq.request_id in ids
+
+        removed = [s for g in self.waiting for s in g.seqs if hit(s)]
+        self.waiting = deque(g for g in self.waiting if not hit(g.seqs[0]))
+        for seq in [s for s in self.running if hit(s)]:
+            self.running.remove(seq)
+            self.blocks.free_seq(seq)
+            removed.append(seq)
+        return removed

@@ -1,0 +1,262 @@
+"""TorchEngine: the built-in generation engine (implements `asyncrl.engine.protocol.Engine`).
+
+One thread (the generator service) drives it:
+
+    add(request) ──▶ Scheduler.waiting ──step()──▶ prefill new groups + decode running ──▶ finished outputs
+                                          ▲
+    pause ▸ begin_weight_update ▸ load_weights* ▸ end_weight_update(v) ▸ resume   (between steps)
+
+Every sampled token is stamped with the weight version current when it was sampled. With
+pause('continue') in-flight sequences keep their KV cache and continue under the new weights.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterable
+
+import torch
+
+from asyncrl.engine.block_manager import BlockManager, blocks_for
+from asyncrl.engine.kv_cache import KVCache
+from asyncrl.engine.model import load_hf_folder, load_weights
+from asyncrl.engine.model_runner import ModelRunner
+from asyncrl.engine.protocol import EngineStats, GenerationOutput, GenerationRequest, PauseMode
+from asyncrl.engine.scheduler import Scheduler
+from asyncrl.engine.sequence import Sequence, SequenceGroup
+from asyncrl.records import FinishReason
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SEED_MOD = 2**63
+
+
+class TorchEngine:
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype = "auto",
+        max_running: int = 64,
+        num_kv_blocks: int | None = None,
+        kv_block_size: int = 16,
+        max_prefill_tokens: int = 8192,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        weight_version: int = 0,
+    ) -> None:
+        """model_path: a Hugging Face causal-LM folder. dtype: "auto" (bfloat16 on CUDA, float32 on
+        CPU), a name or a torch.dtype. num_kv_blocks: KV cache size in blocks of `kv_block_size`
+        tokens; default: room for `max_running` sequences of min(max_model_len, 2048 CPU / 4096 CUDA)
+        tokens. max_model_len: prompt + response limit; default: the model's max_position_embeddings.
+        seed: draws the sampling seed of requests that give none."""
+        if max_running < 1 or max_prefill_tokens < 1:
+            raise ValueError(f"max_running={max_running}, max_prefill_tokens={max_prefill_tokens}: both must be >= 1")
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model = load_hf_folder(model_path, self.dtype, self.device)
+        self.arch = self.model.cfg
+        self.max_model_len = min(max_model_len or self.arch.max_position_embeddings, self.arch.max_position_embeddings)
+        self.max_running = max_running
+        num_blocks = num_kv_blocks or self._default_num_blocks(kv_block_size)
+        self.blocks = BlockManager(num_blocks, kv_block_size)
+        self.kv_cache = KVCache(self.arch, num_blocks, kv_block_size, self.dtype, self.device)
+        self.scheduler = Scheduler(self.blocks, max_running, max_prefill_tokens)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.blocks, self.device)
+        self.eos_token_ids = frozenset(self.arch.eos_token_ids)
+        self._version = weight_version
+        self._seed_rng = random.Random(seed)
+        self._live: dict[str, int] = {}  # request_id -> samples not yet returned
+        self._paused = self._updating = self._closed = False
+        self.counters = {"prefills": 0, "prefill_tokens": 0, "decode_steps": 0, "tokens_generated": 0}
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    # ---------------------------------------------------------------- requests
+
+    def add(self, request: GenerationRequest) -> None:
+        self._check_open()
+        prompt = [int(t) for t in request.prompt_token_ids]
+        self._validate(request, prompt)
+        sampling = request.sampling
+        seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
+        now = time.perf_counter()
+        seqs = [
+            Sequence(request.request_id, i, prompt, sampling, (seed + i) % _SEED_MOD, now) for i in range(request.n)
+        ]
+        self._live[request.request_id] = request.n
+        self.scheduler.add(SequenceGroup(seqs))
+
+    def step(self) -> list[GenerationOutput]:
+        self._check_open()
+        if self._updating:
+            raise RuntimeError("step() during a weight update: call end_weight_update(version) first")
+        if self._paused or not self.scheduler.has_work():
+            return []
+        finished: list[Sequence] = []
+        groups = self.scheduler.schedule_prefill()
+        if groups:
+            finished += self._prefill(groups)
+        seqs = self.scheduler.schedule_decode()
+        if seqs:
+            finished += self._decode(seqs)
+        return self._outputs(finished)
+
+    def has_work(self) -> bool:
+        return not self._closed and self.scheduler.has_work()
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationOutput]:
+        now = time.perf_counter()
+        removed = self.scheduler.remove(request_ids)
+        for seq in removed:
+            seq.finish(FinishReason.ABORT, now)
+        return self._outputs(removed)
+
+    def pause(self, mode: PauseMode) -> list[GenerationOutput]:
+        if mode not in ("abort", "continue"):
+            raise ValueError(f"pause mode {mode!r}: use 'abort' or 'continue'")
+        self._paused = True
+        return self.abort(None) if mode == "abort" else []
+
+    def resume(self) -> None:
+        self._paused = False
+
+    # ---------------------------------------------------------------- weights
+
+    def begin_weight_update(self) -> None:
+        self._check_open()
+        self._updating = True
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if not self._updating:
+            raise RuntimeError("load_weights() outside a weight update: call begin_weight_update() first")
+        load_weights(self.model, named_tensors)
+
+    def end_weight_update(self, version: int) -> None:
+        if not self._updating:
+            raise RuntimeError("end_weight_update() without begin_weight_update()")
+        self._updating = False
+        self._version = int(version)
+
+    # ---------------------------------------------------------------- status
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=self.scheduler.num_waiting(),
+            tokens_generated=self.counters["tokens_generated"],
+            weight_version=self._version,
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.abort(None)
+        self._closed = True
+        del self.runner, self.kv_cache, self.model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ---------------------------------------------------------------- step phases
+
+    def _prefill(self, groups: list[SequenceGroup]) -> list[Sequence]:
+        start = time.perf_counter()
+        for seq in (s for g in groups for s in g.seqs if s.prefill_start is None):
+            seq.prefill_start = start
+        self.counters["prefills"] += len(groups)
+        self.counters["prefill_tokens"] += sum(len(g.prefill_token_ids()) for g in groups)
+        seqs, tokens, logprobs = self.runner.prefill(groups)
+        finished = self._append(seqs, tokens, logprobs)
+        elapsed = time.perf_counter() - start
+        for seq in (s for g in groups for s in g.seqs):
+            seq.prefill_s += elapsed
+        return finished
+
+    def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
+        tokens, logprobs = self.runner.decode(seqs)
+        self.counters["decode_steps"] += 1
+        return self._append(seqs, tokens, logprobs)
+
+    def _append(self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor) -> list[Sequence]:
+        now = time.perf_counter()
+        finished = []
+        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
+            seq.append(token, logprob, self._version, now)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                seq.finish(reason, now)
+                self.scheduler.finish(seq)
+                finished.append(seq)
+        self.counters["tokens_generated"] += len(seqs)
+        return finished
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.sampling
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return FinishReason.STOP
+        if seq.num_outputs >= params.max_new_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _outputs(self, seqs: list[Sequence]) -> list[GenerationOutput]:
+        for seq in seqs:
+            left = self._live.get(seq.request_id, 1) - 1
+            if left > 0:
+                self._live[seq.request_id] = left
+            else:
+                self._live.pop(seq.request_id, None)
+        return [seq.to_output() for seq in seqs]
+
+    # ---------------------------------------------------------------- checks and defaults
+
+    def _validate(self, request: GenerationRequest, ids: list[int]) -> None:
+        rid = request.request_id
+        if rid in self._live:
+            raise ValueError(f"request {rid!r} is already in flight: request ids must be unique")
+        if not 1 <= request.n <= self.max_running:
+            raise ValueError(f"request {rid!r}: n={request.n} must be in [1, max_running={self.max_running}]")
+        if not ids:
+            raise ValueError(f"request {rid!r}: empty prompt")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt of {len(ids)} tokens leaves no room (max_model_len={self.max_model_len})"
+            )
+        if min(ids) < 0 or max(ids) >= self.arch.vocab_size:
+            raise ValueError(f"request {rid!r}: token ids must be in [0, {self.arch.vocab_size})")
+        self._check_fits(request, len(ids))
+
+    def _check_fits(self, request: GenerationRequest, prompt_len: int) -> None:
+        size = self.blocks.block_size
+        longest = min(prompt_len + request.sampling.max_new_tokens, self.max_model_len)
+        at_admission = blocks_for(prompt_len, size) + request.n - 1
+        if max(blocks_for(longest, size), at_admission) > self.blocks.num_blocks:
+            raise ValueError(
+                f"request {request.request_id!r} needs more KV blocks than the cache has "
+                f"({self.blocks.num_blocks} blocks of {size} tokens): raise num_kv_blocks or shorten it"
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+
+    def _default_num_blocks(self, block_size: int) -> int:
+        per_seq = min(self.max_model_len, 4096 if self.device.type == "cuda" else 2048)
+        wanted = self.max_running * blocks_for(per_seq, block_size)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            wanted = min(wanted, int(0.9 * free) // KVCache.bytes_per_block(self.arch, block_size, self.dtype))
+        return max(wanted, 1)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r}: use 'auto' or one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]

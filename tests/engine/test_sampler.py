@@ -1,0 +1,58 @@
+"""Sampling: counter-based noise, Gumbel-max matches softmax, top-k / top-p, logprob definition."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from asyncrl.engine import rng
+from asyncrl.engine.sampler import SamplingBatch, mask_top_k_top_p, sample
+
+
+def batch(n: int, vocab: int, temperature=1.0, top_p=1.0, top_k=None, seed=0, steps=None) -> SamplingBatch:
+    top_k = vocab if top_k is None else top_k
+    return SamplingBatch(
+        temperatures=torch.full((n,), float(temperature)), top_ps=torch.full((n,), float(top_p)),
+        top_ks=torch.full((n,), top_k, dtype=torch.int64), seeds=torch.full((n,), seed, dtype=torch.int64),
+        steps=torch.arange(n) if steps is None else steps, needs_truncation=top_p < 1 or top_k < vocab,
+    )
+
+
+def test_uniform_is_deterministic_in_range_and_row_independent():
+    seeds = torch.tensor([1, 2, 2**62 + 5]), torch.tensor([0, 0, 7])
+    u = rng.uniform(*seeds, 1000)
+    assert torch.equal(u, rng.uniform(*seeds, 1000))
+    assert torch.equal(u[1:2], rng.uniform(seeds[0][1:2], seeds[1][1:2], 1000))  # no batch dependence
+    assert u.min() > 0 and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.03
+    assert not torch.equal(u[0], u[1])
+
+
+def test_gumbel_max_samples_the_softmax():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(20000, 1)
+    tokens, _ = sample(logits, batch(20000, 5, temperature=0.8, seed=3))
+    freq = torch.bincount(tokens, minlength=5).float() / 20000
+    want = torch.softmax(logits[0] / 0.8, -1)
+    assert (freq - want).abs().max() < 0.015
+
+
+def test_logprob_is_full_vocab_log_softmax_of_scaled_logits():
+    logits = torch.randn(6, 50) * 3
+    tokens, lps = sample(logits, batch(6, 50, temperature=0.6, top_p=0.5, top_k=5, seed=1))
+    want = torch.log_softmax(logits / 0.6, -1).gather(-1, tokens[:, None])[:, 0]  # no truncation in the logprob
+    assert torch.allclose(lps, want)
+    g_tokens, g_lps = sample(logits, batch(6, 50, temperature=0.0))
+    assert torch.equal(g_tokens, logits.argmax(-1))
+    assert torch.allclose(g_lps, torch.log_softmax(logits, -1).max(-1).values)
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(mask_top_k_top_p(logits, torch.tensor([2]), torch.tensor([1.0]))[0, 2:]).all()
+    kept = ~torch.isinf(mask_top_k_top_p(logits, torch.tensor([4]), torch.tensor([0.7])))[0]
+    assert kept.tolist() == [True, True, False, False]  # 0.5 < 0.7 so the 0.3 token is kept too
+    tokens, _ = sample(logits.repeat(500, 1), batch(500, 4, top_k=1))
+    assert (tokens == 0).all()
+    tokens, _ = sample(logits.repeat(2000, 1), batch(2000, 4, top_p=0.7))
+    assert set(tokens.tolist()) == {0, 1}
+    assert math.isclose((tokens == 0).float().mean().item(), 0.5 / 0.8, abs_tol=0.04)
