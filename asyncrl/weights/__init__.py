@@ -1,0 +1,19 @@
+"""Weight push from the learner to the generators: one implementation for every engine.
+
+    bucket.py     (name, tensor) stream <-> flat one-dtype buckets + layout (validated before any transfer)
+    group.py      standalone per-generator process group from a TCP rendezvous (gloo / NCCL)
+    transport.py  WeightTransport Protocol (the data path) + BroadcastTransport; DirectReceiver hook
+    cuda_ipc.py   IpcTransport: same-GPU generators read the learner's buffer by CUDA IPC
+    sender.py     WeightSender (learner rank 0): joins, push(), serve_joins(), PushReport
+    receiver.py   WeightReceiver (generator): poll() runs pause -> begin -> load -> end -> resume
+"""
+
+from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, flatten, iter_buckets, unflatten
+from asyncrl.weights.receiver import UpdateResult, WeightReceiver
+from asyncrl.weights.sender import PushReport, WeightSender
+from asyncrl.weights.transport import DirectReceiver, WeightTransport
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES", "BucketLayout", "DirectReceiver", "PushReport", "UpdateResult", "WeightReceiver",
+    "WeightSender", "WeightTransport", "drain", "flatten", "iter_buckets", "unflatten",
+]

@@ -1,0 +1,157 @@
+"""Bucketing of (Hugging Face name, tensor) streams into flat byte buffers, and the inverse.
+
+A bucket is one contiguous uint8 buffer holding several tensors back to back, plus its layout
+(names, dtypes, shapes, byte offsets, total bytes). Every bucket holds tensors of one dtype only, so each
+offset is a multiple of that dtype's itemsize without padding; the layout is exactly SGLang's
+``load_format="flattened_bucket"`` (off_0 = 0, off_{i+1} = off_i + nbytes_i; docs/sglang-api.md §4.4).
+
+    (name, tensor) stream --iter_buckets--> (flat uint8 [nbytes], BucketLayout) ... --unflatten--> views
+
+`iter_buckets` streams: it holds at most ``bucket_bytes`` of pending tensors per dtype (a tensor larger
+than that travels alone). `BucketLayout.validate` checks a layout before any byte moves, so a bad layout
+is a clear `ValueError` instead of a broadcast that hangs or corrupts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+
+# Wire names (torch attribute names, no "torch." prefix) of the dtypes a bucket may carry.
+_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+        "float8_e4m3fn", "float8_e5m2",
+    )
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+_NAMES = {dt: name for name, dt in _DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16" (the form SGLang's getattr(torch, s) accepts)."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        raise TypeError(f"dtype {dtype} cannot travel in a weight bucket; allowed: {sorted(_DTYPES)}")
+    return name
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        raise ValueError(f"unknown bucket dtype {name!r}; allowed: {sorted(_DTYPES)} (no 'torch.' prefix)")
+    return dtype
+
+
+@dataclass(kw_only=True, slots=True)
+class BucketLayout:
+    """Where each tensor of one flat bucket lives."""
+
+    names: list[str]  # Hugging Face parameter names
+    dtypes: list[str]  # dtype_name() of each tensor
+    shapes: list[list[int]]  # [] for a scalar
+    offsets: list[int]  # byte offset of each tensor in the flat buffer
+    nbytes: int  # total bytes of the flat buffer
+
+    def validate(self, max_nbytes: int | None = None) -> None:
+        """Raise ValueError naming the first thing wrong; called by both sides before any transfer."""
+        n = len(self.names)
+        if n == 0:
+            raise ValueError("empty weight bucket: a bucket needs at least one tensor")
+        lengths = {"dtypes": len(self.dtypes), "shapes": len(self.shapes), "offsets": len(self.offsets)}
+        if any(v != n for v in lengths.values()):
+            raise ValueError(f"bucket has {n} names but {lengths}: every list needs one entry per tensor")
+        if len(set(self.names)) != n or not all(isinstance(s, str) and s for s in self.names):
+            raise ValueError("bucket names must be unique non-empty strings")
+        expected = 0
+        for name, dt, shape, off in zip(self.names, self.dtypes, self.shapes, self.offsets, strict=True):
+            itemsize = parse_dtype(dt).itemsize
+            if any(not isinstance(d, int) or d < 0 for d in shape):
+                raise ValueError(f"bucket tensor {name!r}: shape {shape} has a negative or non-integer dim")
+            if off % itemsize:
+                raise ValueError(f"bucket tensor {name!r}: offset {off} is not a multiple of {dt} itemsize {itemsize}")
+            if off != expected:
+                raise ValueError(f"bucket tensor {name!r}: offset {off}, expected {expected} (tensors are packed back to back)")
+            expected = off + _numel(shape) * itemsize
+        if self.nbytes != expected:
+            raise ValueError(f"bucket nbytes={self.nbytes} but its tensors need {expected} bytes")
+        if max_nbytes is not None and self.nbytes > max_nbytes:
+            raise ValueError(f"bucket of {self.nbytes} bytes exceeds the limit of {max_nbytes} bytes")
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def flatten(named: list[tuple[str, torch.Tensor]], device: torch.device | str | None = None) -> tuple[torch.Tensor, BucketLayout]:
+    """Pack tensors (one dtype, or aligned order) into one uint8 buffer [nbytes] on `device`."""
+    names, dtypes, shapes, offsets, parts = [], [], [], [], []
+    off = 0
+    for name, t in named:
+        t = t.detach()
+        names.append(name)
+        dtypes.append(dtype_name(t.dtype))
+        shapes.append(list(t.shape))
+        offsets.append(off)
+        off += t.numel() * t.element_size()
+        parts.append(t.contiguous().reshape(-1).view(torch.uint8))
+    layout = BucketLayout(names=names, dtypes=dtypes, shapes=shapes, offsets=offsets, nbytes=off)
+    layout.validate()
+    target = torch.device(device) if device is not None else parts[0].device
+    flat = torch.empty(off, dtype=torch.uint8, device=target)
+    for part, start in zip(parts, offsets, strict=True):
+        flat[start : start + part.numel()].copy_(part)
+    return flat, layout
+
+
+def unflatten(flat: torch.Tensor, layout: BucketLayout) -> list[tuple[str, torch.Tensor]]:
+    """Views of `flat` (uint8 [nbytes]) as the named tensors of `layout` (no copy)."""
+    layout.validate()
+    if flat.dtype != torch.uint8 or flat.dim() != 1 or flat.numel() != layout.nbytes:
+        raise ValueError(f"flat buffer is {flat.dtype} {tuple(flat.shape)}, layout needs uint8 ({layout.nbytes},)")
+    out = []
+    for name, dt, shape, off in zip(layout.names, layout.dtypes, layout.shapes, layout.offsets, strict=True):
+        dtype = parse_dtype(dt)
+        size = _numel(shape) * dtype.itemsize
+        out.append((name, flat[off : off + size].view(dtype).view(shape)))
+    return out
+
+
+def iter_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    device: torch.device | str | None = None,
+) -> Iterator[tuple[torch.Tensor, BucketLayout]]:
+    """Group a (name, tensor) stream into flat one-dtype buckets of at most `bucket_bytes` each."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes={bucket_bytes}: must be >= 1")
+    pending: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    pending_bytes: dict[torch.dtype, int] = {}
+    for name, t in named_tensors:
+        dtype_name(t.dtype)  # reject an unsupported dtype before buffering anything
+        size = t.numel() * t.element_size()
+        group = pending.setdefault(t.dtype, [])
+        if group and pending_bytes[t.dtype] + size > bucket_bytes:
+            yield flatten(group, device)
+            group.clear()
+            pending_bytes[t.dtype] = 0
+        group.append((name, t))
+        pending_bytes[t.dtype] = pending_bytes.get(t.dtype, 0) + size
+    for group in pending.values():
+        if group:
+            yield flatten(group, device)
+
+
+def drain(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Run the iterator to its end without sending anything: what FSDP ranks != 0 do during a push
+    (each `full_tensor()` inside the iterator is a collective all ranks must join)."""
+    for _ in named_tensors:
+        pass

@@ -1,0 +1,142 @@
+"""A dedicated process group for the weight broadcast, built without the default process group.
+
+One group per generator: the learner (rank 0) plus that generator's receiving rank(s) (rank_offset ..
+world_size - 1). A dead generator then only breaks its own group; the others keep receiving.
+
+Who blocks on what (each step has a timeout):
+
+    learner (rank 0)                                   generator (rank r >= 1)
+    host_store(address, port=0) -> port   (no wait)
+    send WeightGroupInit(port) over ZeroMQ  ------->   connect_store(address, port)    (waits for the store)
+    WeightGroup(store, rank=0)                         WeightGroup(store, rank=r)
+      gloo: blocks until every rank has connected        (same)
+      nccl: returns at once; the first broadcast creates the communicator and blocks until all ranks join
+
+How it is built (checked on torch 2.11 and 2.13): a `TCPStore` (the learner hosts it, port 0 = any free
+port), wrapped in `PrefixStore`s, and the backend class constructed directly: `ProcessGroupGloo(store, rank,
+size, timeout=...)` or `ProcessGroupNCCL(store, rank, size, options)`. Collectives go straight to that
+backend object (`backend.broadcast([t], opts)`), so nothing is registered in torch.distributed's global
+world: no default group is needed or touched, group names never collide, and an FSDP default group with a
+bound device is never used as a split source (which `_new_process_group_helper` would try).
+The store prefixes are exactly the ones `_new_process_group_helper` uses when called as SGLang's
+`init_custom_process_group` calls it (PrefixStore(name) -> "<name>/" -> "<device>/"), so an SGLang
+scheduler rank that joins with that helper meets this group in the same store (tests/weights/test_group.py
+checks this against the helper over gloo).
+
+Timeouts: gloo enforces the group timeout on every operation. NCCL's watchdog would tear the whole
+process down when an operation outlives the group timeout, so the NCCL group timeout is set well above
+ours: `wait` gives up after `timeout_s` and `close` aborts the communicator (which unblocks the stream).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl")
+_STORE_DEVICE = {"gloo": "cpu", "nccl": "cuda"}  # first device of torch's BackendConfig for the backend
+_NCCL_TIMEOUT_SLACK_S = 300.0
+
+
+class WeightGroupError(RuntimeError):
+    """A weight group could not be created, or an operation on it failed or timed out."""
+
+
+def _td(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+def host_store(address: str, world_size: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
+    """Learner side: start the rendezvous store (returns at once; `.port` is the port it got)."""
+    return dist.TCPStore(address, port, world_size, is_master=True, timeout=_td(timeout_s), wait_for_workers=False)
+
+
+def connect_store(address: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Generator side: connect to the learner's store (waits up to `timeout_s` for it)."""
+    try:
+        return dist.TCPStore(address, port, world_size, is_master=False, timeout=_td(timeout_s), wait_for_workers=False)
+    except Exception as e:
+        raise WeightGroupError(f"cannot reach the weight store at {address}:{port}: {e}") from e
+
+
+class WeightGroup:
+    """One standalone process group (learner = rank 0) that broadcasts flat weight buckets."""
+
+    def __init__(self, store: dist.Store, *, group_name: str, rank: int, world_size: int, backend: str, timeout_s: float):
+        if backend not in BACKENDS:
+            raise ValueError(f"weight group backend {backend!r}: must be one of {BACKENDS}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"weight group rank {rank} outside world_size {world_size}")
+        self.group_name, self.rank, self.world_size, self.backend = group_name, rank, world_size, backend
+        self.timeout_s = timeout_s
+        self._store = store  # keep the TCPStore (the learner's hosts the server) alive with the group
+        prefix = dist.PrefixStore(group_name, store)
+        prefix = dist.PrefixStore(f"{_STORE_DEVICE[backend]}/", dist.PrefixStore(f"{group_name}/", prefix))
+        try:
+            self._pg: Any = _make_backend(backend, prefix, rank, world_size, timeout_s)
+        except Exception as e:
+            raise WeightGroupError(f"weight group {group_name!r} rank {rank}/{world_size} ({backend}): {e}") from e
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
+        """Start broadcasting `tensor` from rank `src`; returns the work to pass to `wait`."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        try:
+            return self._pg.broadcast([tensor], opts)
+        except Exception as e:
+            raise WeightGroupError(f"weight group {self.group_name!r}: broadcast failed: {e}") from e
+
+    def wait(self, work: Any, timeout_s: float) -> None:
+        """Block until `work` is done; WeightGroupError on failure or after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        pause = 1e-4
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise WeightGroupError(f"weight group {self.group_name!r}: broadcast timed out after {timeout_s:.1f}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-3)
+        try:
+            work.wait()  # raises the backend's error; on CUDA, orders the current stream after it
+        except Exception as e:
+            raise WeightGroupError(f"weight group {self.group_name!r}: broadcast failed: {e}") from e
+
+    def close(self) -> None:
+        """Abort pending work and release the group without blocking the caller.
+
+        Dropping a gloo group with an operation still pending joins its worker threads, which can take up
+        to the group timeout; that happens on a daemon thread instead."""
+        pg, self._pg = getattr(self, "_pg", None), None
+        store, self._store = getattr(self, "_store", None), None
+        if pg is None:
+            return
+        try:
+            pg.abort()
+        except Exception:
+            pass
+        holder = [pg, store]
+        threading.Thread(target=holder.clear, name=f"close-{self.group_name}", daemon=True).start()
+
+
+def _make_backend(backend: str, store: dist.Store, rank: int, world_size: int, timeout_s: float) -> Any:
+    if backend == "gloo":
+        pg = dist.ProcessGroupGloo(store, rank, world_size, timeout=_td(timeout_s))
+    else:
+        if not dist.is_nccl_available():
+            raise WeightGroupError("this torch build has no NCCL; use backend='gloo'")
+        # NVLink SHARP / cuMem make NCCL comms that live beside other comms fragile (SGLang sets the same).
+        os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = False
+        opts._timeout = _td(timeout_s + _NCCL_TIMEOUT_SLACK_S)
+        pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+    if hasattr(pg, "_set_sequence_number_for_group"):
+        pg._set_sequence_number_for_group()  # as the helper does, so a helper-built peer stays in step
+    return pg

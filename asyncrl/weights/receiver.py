@@ -1,0 +1,264 @@
+"""Generator side of the weight push: `WeightReceiver` applies the learner's updates to one engine.
+
+The generator loop calls `poll()` between decode steps. With nothing pending it returns None at once.
+When an update begins, poll() runs the whole update before returning (the engine is paused meanwhile):
+
+    learner                              WeightReceiver.poll()                       engine
+    WeightGroupInit ------------------>  join the group (blocks <= timeout_s), Ack
+    WeightBegin(v, mode) ------------->  _update:                                    pause(mode) -> aborted outputs
+                                                                                     begin_weight_update()
+    WeightBucket + bytes (per bucket) ->   receive flat buffer, split into views,    load_weights(views)
+                                  <----    Ack(bucket i)
+    WeightEnd(v) --------------------->                                              end_weight_update(v)
+                                                                                     resume()
+                                  <----    Ack(end, timings)   -> UpdateResult(version=v, aborted=[...])
+
+Each wait for the learner has a timeout. If the update fails (learner gone, bad bucket, load error) the
+engine stays paused with its update session open (its weights are partly new, so it must not generate),
+the group is closed, and the receiver joins again: the learner's next push or serve_joins() is a full push
+that completes the session. `ready` says whether the engine holds a complete set of weights; a generator
+takes prompts only while it is True (and, to catch a missed update, rejoins when the hub's
+policy_version stays ahead of `version`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+
+from asyncrl import wire
+from asyncrl.engine.protocol import Engine, GenerationOutput
+from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGroupInit, WeightJoin
+from asyncrl.weights.bucket import BucketLayout, unflatten
+from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
+from asyncrl.weights.group import WeightGroup, connect_store
+from asyncrl.weights.transport import BroadcastTransport, DirectReceiver, WeightTransport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class UpdateResult:
+    """What one poll() that ran an update did."""
+
+    ok: bool
+    version: int  # the engine's weight version afterwards
+    aborted: list[GenerationOutput] = field(default_factory=list)  # pause('abort'): return these prompts to the hub
+    error: str = ""
+    timings: dict[str, float] = field(default_factory=dict)  # pause_s, recv_s, load_s, paused_s
+
+
+class WeightUpdateError(RuntimeError):
+    pass
+
+
+class WeightReceiver:
+    def __init__(
+        self,
+        learner_endpoint: str,
+        generator_name: str,
+        device: str | torch.device,
+        engine: Engine,
+        *,
+        host: str = "127.0.0.1",
+        timeout_s: float = 60.0,
+        max_bucket_bytes: int | None = None,
+    ):
+        """host: this generator's address as the learner sees it. max_bucket_bytes: refuse bigger buckets."""
+        self.name, self.device, self.engine = generator_name, torch.device(device), engine
+        self.host, self.timeout_s, self.max_bucket_bytes = host, timeout_s, max_bucket_bytes
+        self._transport: WeightTransport | None = None
+        self._session_open = False  # begin_weight_update() ran and end_weight_update() did not yet
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(learner_endpoint)
+        self.join()
+
+    @property
+    def version(self) -> int:
+        return self.engine.weight_version
+
+    @property
+    def ready(self) -> bool:
+        """Joined, and the engine holds one complete weight version (no update half done)."""
+        return self._transport is not None and not self._session_open
+
+    def join(self) -> None:
+        """Ask the learner for weights (done on start; again after a failed or missed update)."""
+        self._send(WeightJoin(generator=self.name, weight_version=self.version, device=str(self.device),
+                              host=self.host, gpu_uuid=gpu_uuid(self.device)))
+
+    def poll(self, timeout_s: float = 0.0) -> UpdateResult | None:
+        """Handle pending learner messages; runs a whole update if one begins. None when none ran."""
+        wait_ms = int(timeout_s * 1000)
+        while self._sock.poll(wait_ms):
+            wait_ms = 0
+            msg = self._recv_now()
+            if isinstance(msg, WeightGroupInit):
+                self._join_group(msg)
+            elif isinstance(msg, WeightBegin):
+                return self._update(msg)
+            elif isinstance(msg, Ack) and msg.info.get("stage") == "dropped":
+                self._on_dropped(str(msg.info.get("error", "")))
+            elif msg is not None:
+                log.warning("weights: %s ignores %s outside an update", self.name, type(msg).__name__)
+        return None
+
+    def close(self) -> None:
+        self._close_transport()
+        self._sock.close(0)
+
+    # ------------------------------------------------------------------ the update (one place)
+
+    def _update(self, begin: WeightBegin) -> UpdateResult:
+        """pause -> begin -> per bucket (receive, load, ack) -> end(version) -> resume -> ack."""
+        t0 = time.perf_counter()
+        timings = {"pause_s": 0.0, "recv_s": 0.0, "load_s": 0.0}
+        aborted: list[GenerationOutput] = []
+        try:
+            if self._transport is None:
+                raise WeightUpdateError("update began before this generator joined a weight group")
+            if not self._session_open:  # else a failed update left it paused and open: complete that one
+                aborted = self.engine.pause(begin.pause_mode)
+                timings["pause_s"] = time.perf_counter() - t0
+                self.engine.begin_weight_update()
+                self._session_open = True
+            self._receive_buckets(begin.version, timings)
+            self.engine.end_weight_update(begin.version)
+            self._session_open = False
+            self.engine.resume()
+        except Exception as e:
+            log.warning("weights: %s failed update to v%d: %s", self.name, begin.version, e)
+            self._fail(str(e))
+            return UpdateResult(ok=False, version=self.version, aborted=aborted, error=str(e), timings=timings)
+        timings["paused_s"] = time.perf_counter() - t0
+        self._send(Ack(info={"stage": "end", "version": begin.version, **timings}))
+        return UpdateResult(ok=True, version=begin.version, aborted=aborted, timings=timings)
+
+    def _receive_buckets(self, version: int, timings: dict[str, float]) -> None:
+        index = 0
+        while True:
+            msg = self._recv(self.timeout_s)
+            if isinstance(msg, WeightEnd):
+                if msg.version != version:
+                    raise WeightUpdateError(f"WeightEnd for v{msg.version} inside the update to v{version}")
+                return
+            if not isinstance(msg, WeightBucket) or msg.version != version:
+                raise WeightUpdateError(f"expected WeightBucket/WeightEnd of v{version}, got {_describe(msg)}")
+            self._load_bucket(msg, timings)
+            self._send(Ack(info={"stage": "bucket", "version": version, "bucket": index}))
+            index += 1
+
+    def _load_bucket(self, bucket: WeightBucket, timings: dict[str, float]) -> None:
+        layout = BucketLayout(names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes,
+                              offsets=bucket.offsets, nbytes=bucket.nbytes)
+        layout.validate(self.max_bucket_bytes)
+        t = time.perf_counter()
+        if isinstance(self.engine, DirectReceiver):  # the engine's own ranks receive and load
+            self.engine.receive_bucket(bucket)
+            timings["load_s"] += time.perf_counter() - t
+            return
+        assert self._transport is not None
+        flat = self._transport.recv(bucket, self.device)
+        t1 = time.perf_counter()
+        timings["recv_s"] += t1 - t
+        self.engine.load_weights(unflatten(flat, layout))
+        if flat.is_cuda:
+            torch.cuda.current_stream(flat.device).synchronize()  # the copies finished reading `flat`
+        del flat
+        timings["load_s"] += time.perf_counter() - t1
+
+    # ------------------------------------------------------------------ membership
+
+    def _join_group(self, init: WeightGroupInit) -> None:
+        self._close_transport()
+        try:
+            self._transport = self._make_transport(init)
+        except Exception as e:
+            log.warning("weights: %s could not join group %s: %s", self.name, init.group_name, e)
+            self._send(Ack(ok=False, info={"stage": "group", "error": str(e)}))
+            return
+        self._send(Ack(info={"stage": "group", "group": init.group_name}))
+
+    def _make_transport(self, init: WeightGroupInit) -> WeightTransport:
+        if isinstance(self.engine, DirectReceiver):
+            self.engine.init_weights_group(init)
+            return _Direct(self.engine)
+        if init.backend == "ipc":
+            return IpcTransport()
+        if init.world_size != 2 or init.rank_offset != 1:
+            raise ValueError(f"group {init.group_name}: one receiving rank expected, got rank_offset={init.rank_offset} world_size={init.world_size}")
+        if init.backend == "nccl" and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        store = connect_store(init.master_address, init.master_port, init.world_size, self.timeout_s)
+        group = WeightGroup(store, group_name=init.group_name, rank=init.rank_offset, world_size=init.world_size,
+                            backend=init.backend, timeout_s=self.timeout_s)
+        return BroadcastTransport(group, self.timeout_s)
+
+    def _fail(self, error: str) -> None:
+        self._close_transport()
+        try:
+            self._send(Ack(ok=False, info={"stage": "update", "error": error}))
+        except zmq.ZMQError:
+            pass
+        self.join()
+
+    def _on_dropped(self, reason: str) -> None:
+        if self._transport is None:
+            return  # already rejoining (the notice answers an Ack(ok=False) we sent)
+        log.warning("weights: learner dropped %s (%s); joining again", self.name, reason)
+        self._close_transport()
+        self.join()
+
+    def _close_transport(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
+
+    # ------------------------------------------------------------------ messages
+
+    def _send(self, msg: Any) -> None:
+        self._sock.send(wire.encode(msg))
+
+    def _recv_now(self) -> Any:
+        try:
+            return wire.decode(self._sock.recv(zmq.NOBLOCK))
+        except wire.WireError as e:
+            log.warning("weights: %s got a bad frame: %s", self.name, e)
+            return None
+
+    def _recv(self, timeout_s: float) -> Any:
+        if not self._sock.poll(int(timeout_s * 1000)):
+            raise WeightUpdateError(f"learner sent nothing for {timeout_s:.1f}s during an update")
+        msg = self._recv_now()
+        if isinstance(msg, Ack) and msg.info.get("stage") == "dropped":
+            raise WeightUpdateError(f"learner dropped this generator: {msg.info.get('error', '')}")
+        return msg
+
+
+class _Direct:
+    """Transport stand-in for a DirectReceiver engine: the engine itself is the group member."""
+
+    kind = "direct"
+
+    def __init__(self, engine: DirectReceiver):
+        self.engine = engine
+
+    def start(self, flat: torch.Tensor) -> Any:
+        raise NotImplementedError("a DirectReceiver link only receives")
+
+    def recv(self, bucket: WeightBucket, device: torch.device) -> torch.Tensor:
+        raise NotImplementedError("a DirectReceiver engine receives in receive_bucket()")
+
+    def close(self) -> None:
+        self.engine.destroy_weights_group()
+
+
+def _describe(msg: Any) -> str:
+    return type(msg).__name__ if msg is not None else "an unreadable frame"

@@ -1,0 +1,373 @@
+"""Learner side of the weight push: `WeightSender` pushes bucketed weights to every joined generator.
+
+One ZeroMQ ROUTER (bound by the learner) carries the control messages; each generator's DEALER connects.
+The bytes go by a per-generator transport (broadcast on that generator's own group, or CUDA IPC).
+
+    generator                               learner (rank 0; the only caller of this class)
+    WeightJoin(version, device, gpu) ---->  queued; admitted at the next push() / serve_joins()
+             <---- WeightGroupInit          host store, build the group         (both block <= timeout_s)
+    Ack(stage=group) ---------------------> member
+             <---- WeightBegin(v, mode)     generator pauses its engine, opens the update
+             <---- WeightBucket i           then the bucket's bytes (broadcast or IPC) ... per bucket:
+    Ack(stage=bucket, i) -----------------> learner waits for it before sending bucket i+1 (it gathers
+                                            bucket i+1 meanwhile, so gather overlaps the generator's load)
+             <---- WeightEnd(v)             generator closes the update, resumes
+    Ack(stage=end, timings) --------------> push() returns a PushReport
+
+The learner blocks only inside push()/serve_joins(), and never longer than `timeout_s` per step. A
+generator that times out, errors, or dies is dropped (its group closed, told so if it still listens: it
+then rejoins and gets a full push); the others carry on. Every push is a full push, so a joiner that is
+behind is synced by the next push() or, sooner, by serve_joins() which the learner loop calls between steps
+(a new generator holds off taking prompts until its first update is done).
+
+FSDP: every rank iterates the (name, full tensor) stream, because `full_tensor()` is a collective; rank 0
+calls push(), the other ranks call `drain()`. For serve_joins(), rank 0 decides (`has_joins()`) and the
+learner shares that bool over its own group so every rank knows whether to iterate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+
+from asyncrl import wire
+from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGroupInit, WeightJoin
+from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, iter_buckets
+from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
+from asyncrl.weights.group import WeightGroup, host_store
+from asyncrl.weights.transport import BroadcastTransport, WeightTransport
+
+log = logging.getLogger(__name__)
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(kw_only=True, slots=True)
+class PushReport:
+    """What one push did. Seconds are wall time on the learner unless noted."""
+
+    version: int
+    generators: list[str]  # got this version
+    dropped: dict[str, str] = field(default_factory=dict)  # generator -> why
+    buckets: int = 0
+    bytes: int = 0  # flat bytes per generator
+    gather_s: float = 0.0  # pulling (name, tensor) and packing buckets (FSDP full_tensor() runs here)
+    transfer_s: float = 0.0  # starting and waiting for the bucket transfers
+    ack_s: float = 0.0  # waiting for generators to load and ack (not overlapped with gather)
+    total_s: float = 0.0
+    pause_s: float = 0.0  # max over generators: engine.pause() (aborts in-flight work in 'abort' mode)
+    load_s: float = 0.0  # max over generators: sum of engine.load_weights()
+    paused_s: float = 0.0  # max over generators: engine paused, pause() to resume()
+    per_generator: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        keys = ("version", "buckets", "bytes", "gather_s", "transfer_s", "ack_s", "total_s", "pause_s", "load_s", "paused_s")
+        out: dict[str, Any] = {k: getattr(self, k) for k in keys}
+        out.update(gbps=self.gbps, generators=list(self.generators), dropped=dict(self.dropped))
+        return out
+
+
+@dataclass(kw_only=True, slots=True)
+class _Member:
+    name: str
+    identity: bytes
+    join: WeightJoin
+    transport: WeightTransport
+    acks: list[Ack] = field(default_factory=list)
+
+
+class WeightSender:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        device: str | torch.device = "cpu",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        pause_mode: str = "continue",
+        master_address: str = "127.0.0.1",
+        timeout_s: float = 60.0,
+    ):
+        """endpoint: ZeroMQ address to bind ("tcp://127.0.0.1:0" picks a port; see `.endpoint`).
+        device: where buckets are packed (the learner's device). master_address: address generators use
+        to reach this host's rendezvous stores."""
+        if pause_mode not in ("abort", "continue"):
+            raise ValueError(f"pause_mode={pause_mode!r}: must be 'abort' or 'continue'")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s}: must be > 0")
+        self.device = torch.device(device)
+        self.bucket_bytes, self.pause_mode = bucket_bytes, pause_mode
+        self.master_address, self.timeout_s = master_address, timeout_s
+        self._gpu_uuid = gpu_uuid(self.device)
+        self._members: dict[str, _Member] = {}
+        self._joins: dict[str, tuple[bytes, WeightJoin]] = {}
+        self._group_count = 0
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, not drops
+        self._sock.bind(endpoint.replace(":0", ":*") if endpoint.endswith(":0") else endpoint)
+        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def members(self) -> list[str]:
+        return sorted(self._members)
+
+    def has_joins(self) -> bool:
+        """Whether a generator waits for its first (or a repeated) full push. Never blocks."""
+        self._pump(0.0)
+        return bool(self._joins)
+
+    def push(self, named_tensors: NamedTensors, version: int) -> PushReport:
+        """Push every tensor to every generator (joiners admitted first); consumes the iterator fully."""
+        self._pump(0.0)
+        report = PushReport(version=version, generators=[])
+        self._admit(report)
+        return self._push_to(list(self._members.values()), named_tensors, version, report)
+
+    def serve_joins(self, named_tensors: Callable[[], NamedTensors], version: int) -> PushReport | None:
+        """Admit waiting generators and bring them to `version`. None (iterator never made) when none waits."""
+        if not self.has_joins():
+            return None
+        report = PushReport(version=version, generators=[])
+        fresh = self._admit(report)
+        behind = [m for m in fresh if m.join.weight_version != version]
+        report.generators = [m.name for m in fresh if m.join.weight_version == version]
+        return self._push_to(behind, named_tensors(), version, report)
+
+    def wait_for_joins(self, count: int, timeout_s: float) -> int:
+        """Block until `count` generators are members or waiting to join (start-up helper)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._members.keys() | self._joins.keys()) < count and time.monotonic() < deadline:
+            self._pump(0.05)
+        return len(self._members.keys() | self._joins.keys())
+
+    def close(self) -> None:
+        for m in list(self._members.values()):
+            m.transport.close()
+        self._members.clear()
+        self._sock.close(0)
+
+    # ------------------------------------------------------------------ the push (one place)
+
+    def _push_to(self, members: list[_Member], named_tensors: NamedTensors, version: int, report: PushReport) -> PushReport:
+        """begin -> per bucket (announce, transfer, ack) -> end; the generators pause and resume themselves."""
+        t0 = time.perf_counter()
+        live = self._send_all(members, WeightBegin(version=version, pause_mode=self.pause_mode), report)
+        if not live:
+            drain(named_tensors)  # other FSDP ranks iterate too: the collectives inside must still run
+            named_tensors = ()
+        held: tuple[int, torch.Tensor] | None = None  # last bucket, alive until acked (CUDA IPC reads it)
+        for index, (flat, layout) in enumerate(self._timed(iter_buckets(named_tensors, self.bucket_bytes, self.device), report)):
+            if held is not None:
+                live = self._await(live, "bucket", version, report, index=held[0])
+            live = self._send_bucket(live, index, flat, layout, version, report)
+            held = (index, flat)
+            report.buckets, report.bytes = index + 1, report.bytes + layout.nbytes
+        if held is not None:
+            live = self._await(live, "bucket", version, report, index=held[0])
+        del held
+        live = self._send_all(live, WeightEnd(version=version), report)
+        live = self._await(live, "end", version, report)
+        report.generators = sorted(report.generators + [m.name for m in live])
+        report.total_s = time.perf_counter() - t0
+        for key in ("pause_s", "load_s", "paused_s"):
+            setattr(report, key, max((t.get(key, 0.0) for t in report.per_generator.values()), default=0.0))
+        return report
+
+    def _timed(self, buckets: Iterator[tuple[torch.Tensor, BucketLayout]], report: PushReport) -> Iterator[tuple[torch.Tensor, BucketLayout]]:
+        while True:
+            t = time.perf_counter()
+            item = next(buckets, None)
+            report.gather_s += time.perf_counter() - t
+            if item is None:
+                return
+            yield item
+
+    def _send_bucket(self, live: list[_Member], index: int, flat: torch.Tensor, layout: BucketLayout, version: int, report: PushReport) -> list[_Member]:
+        t = time.perf_counter()
+        started = []
+        for m in live:
+            try:
+                sending = m.transport.start(flat)
+                msg = WeightBucket(version=version, names=layout.names, dtypes=layout.dtypes, shapes=layout.shapes,
+                                   offsets=layout.offsets, nbytes=layout.nbytes, ipc_handle=sending.handle)
+                self._send(m, msg)
+                started.append((m, sending))
+            except Exception as e:
+                self._drop(m, f"bucket {index}: {e}", report)
+        deadline = time.monotonic() + self.timeout_s
+        ok = []
+        for m, sending in started:
+            try:
+                sending.wait(max(0.0, deadline - time.monotonic()))
+                ok.append(m)
+            except Exception as e:
+                self._drop(m, f"bucket {index} transfer: {e}", report)
+        report.transfer_s += time.perf_counter() - t
+        return ok
+
+    # ------------------------------------------------------------------ joins
+
+    def _admit(self, report: PushReport) -> list[_Member]:
+        """Build a group with every waiting generator, concurrently (a dead joiner costs one timeout)."""
+        joins, self._joins = list(self._joins.values()), {}
+        offers = []
+        for identity, join in joins:
+            try:
+                offers.append((identity, join, self._offer(identity, join)))
+            except Exception as e:
+                self._refuse(identity, join, e, report)
+        if not offers:
+            return []
+        linked = []
+        with ThreadPoolExecutor(max_workers=len(offers)) as pool:  # only the group constructors run here
+            futures = [(identity, join, pool.submit(build)) for identity, join, build in offers]
+            for identity, join, fut in futures:
+                try:
+                    linked.append(_Member(name=join.generator, identity=identity, join=join, transport=fut.result()))
+                except Exception as e:
+                    self._refuse(identity, join, e, report)
+        for m in linked:
+            self._members[m.name] = m
+        return self._await(linked, "group", -1, report)
+
+    def _offer(self, identity: bytes, join: WeightJoin) -> Callable[[], WeightTransport]:
+        """Host the rendezvous and send WeightGroupInit; returns the (blocking) group constructor."""
+        self._group_count += 1
+        name = f"asyncrl-weights-{join.generator}-{self._group_count}"
+        if self._gpu_uuid and join.gpu_uuid == self._gpu_uuid:
+            self._send_raw(identity, WeightGroupInit(master_address="", master_port=0, rank_offset=1,
+                                                     world_size=2, group_name=name, backend="ipc"))
+            return IpcTransport
+        backend = "nccl" if self.device.type == "cuda" and join.device.startswith("cuda") else "gloo"
+        store = host_store(self.master_address, 2, self.timeout_s)
+        self._send_raw(identity, WeightGroupInit(master_address=self.master_address, master_port=store.port,
+                                                 rank_offset=1, world_size=2, group_name=name, backend=backend))
+
+        def build() -> WeightTransport:
+            group = WeightGroup(store, group_name=name, rank=0, world_size=2, backend=backend, timeout_s=self.timeout_s)
+            return BroadcastTransport(group, self.timeout_s)
+
+        return build
+
+    def _refuse(self, identity: bytes, join: WeightJoin, error: Exception, report: PushReport) -> None:
+        log.warning("weight push: %s could not join: %s", join.generator, error)
+        report.dropped[join.generator] = f"join: {error}"
+        self._tell_dropped(identity, f"join failed: {error}")
+
+    # ------------------------------------------------------------------ control messages
+
+    def _send(self, m: _Member, msg: Any) -> None:
+        self._send_raw(m.identity, msg)
+
+    def _send_raw(self, identity: bytes, msg: Any) -> None:
+        self._sock.send_multipart([identity, wire.encode(msg)])
+
+    def _send_all(self, live: list[_Member], msg: Any, report: PushReport) -> list[_Member]:
+        ok = []
+        for m in live:
+            try:
+                self._send(m, msg)
+                ok.append(m)
+            except zmq.ZMQError as e:
+                self._drop(m, f"unreachable: {e}", report)
+        return ok
+
+    def _pump(self, timeout_s: float) -> None:
+        """Read every waiting control message (waits up to timeout_s for the first)."""
+        wait_ms = int(timeout_s * 1000)
+        while self._sock.poll(wait_ms):
+            wait_ms = 0
+            identity, frame = self._sock.recv_multipart()
+            try:
+                msg = wire.decode(frame)
+            except wire.WireError as e:
+                log.warning("weight push: bad frame from %r: %s", identity, e)
+                continue
+            self._dispatch(identity, msg)
+
+    def _dispatch(self, identity: bytes, msg: Any) -> None:
+        if isinstance(msg, WeightJoin):
+            old = self._members.pop(msg.generator, None)
+            if old is not None:  # it restarted, or gave up on an update: its old group is useless
+                old.transport.close()
+            self._joins[msg.generator] = (identity, msg)
+            return
+        if isinstance(msg, Ack):
+            for m in self._members_by_identity(identity):
+                m.acks.append(msg)
+            return
+        log.warning("weight push: unexpected %s from %r", type(msg).__name__, identity)
+
+    def _members_by_identity(self, identity: bytes) -> list[_Member]:
+        return [m for m in self._members.values() if m.identity == identity]
+
+    def _await(self, live: list[_Member], stage: str, version: int, report: PushReport, index: int = -1) -> list[_Member]:
+        """Wait until each member acks `stage` (a failed or missing ack drops it); returns those that did."""
+        t = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
+        waiting = {m.name: m for m in live}
+        done: list[_Member] = []
+        while waiting:
+            for m in list(waiting.values()):
+                ack = _take(m, stage, version, index)
+                if ack is None:
+                    continue
+                del waiting[m.name]
+                if not ack.ok:
+                    self._drop(m, f"{stage}: {ack.info.get('error', 'failed')}", report)
+                    continue
+                done.append(m)
+                if stage == "end":
+                    report.per_generator[m.name] = {k: float(v) for k, v in ack.info.items() if k.endswith("_s")}
+            left = deadline - time.monotonic()
+            if waiting and left <= 0:
+                for m in waiting.values():
+                    self._drop(m, f"no {stage} ack within {self.timeout_s:.1f}s", report)
+                break
+            if waiting:
+                self._pump(min(left, 0.05))
+        report.ack_s += time.perf_counter() - t
+        return [m for m in live if m in done]
+
+    def _drop(self, m: _Member, reason: str, report: PushReport) -> None:
+        log.warning("weight push: dropping %s: %s", m.name, reason)
+        report.dropped[m.name] = reason
+        if self._members.get(m.name) is m:
+            del self._members[m.name]
+        m.transport.close()
+        self._tell_dropped(m.identity, reason)
+
+    def _tell_dropped(self, identity: bytes, reason: str) -> None:
+        try:  # a generator that still listens rejoins and gets a full push
+            self._send_raw(identity, Ack(ok=False, info={"stage": "dropped", "error": reason}))
+        except zmq.ZMQError:
+            pass
+
+
+def _take(m: _Member, stage: str, version: int, index: int) -> Ack | None:
+    """Pop the first ack of `stage` (stale acks of earlier stages are discarded)."""
+    while m.acks:
+        ack = m.acks.pop(0)
+        info = ack.info
+        if info.get("stage") == stage and (version < 0 or info.get("version") == version) and info.get("bucket", -1) == index:
+            return ack
+        if not ack.ok:
+            return ack  # a failure at any stage ends this member's update
+    return None
+
+
+__all__ = ["PushReport", "WeightSender"]
