@@ -92,7 +92,8 @@ class WeightReceiver:
     def join(self) -> None:
         """Ask the learner for weights (done on start; again after a failed or missed update)."""
         self._send(WeightJoin(generator=self.name, weight_version=self.version, device=str(self.device),
-                              host=self.host, gpu_uuid=gpu_uuid(self.device)))
+                              host=self.host, gpu_uuid=gpu_uuid(self.device),
+                              receiving_ranks=int(getattr(self.engine, "receiving_ranks", lambda: 1)())))
 
     def poll(self, timeout_s: float = 0.0) -> UpdateResult | None:
         """Handle pending learner messages; runs a whole update if one begins. None when none ran."""

@@ -253,12 +253,14 @@ class WeightSender:
                                                      world_size=2, group_name=name, backend="ipc"))
             return IpcTransport
         backend = "nccl" if self.device.type == "cuda" and join.device.startswith("cuda") else "gloo"
-        store = host_store(self.master_address, 2, self.timeout_s)
+        world = 1 + join.receiving_ranks  # learner rank 0 + the generator's receiving ranks (SGLang TP)
+        store = host_store(self.master_address, world, self.timeout_s)
         self._send_raw(identity, WeightGroupInit(master_address=self.master_address, master_port=store.port,
-                                                 rank_offset=1, world_size=2, group_name=name, backend=backend))
+                                                 rank_offset=1, world_size=world, group_name=name, backend=backend))
 
         def build() -> WeightTransport:
-            group = WeightGroup(store, group_name=name, rank=0, world_size=2, backend=backend, timeout_s=self.timeout_s)
+            group = WeightGroup(store, group_name=name, rank=0, world_size=world, backend=backend,
+                                timeout_s=self.timeout_s)
             return BroadcastTransport(group, self.timeout_s)
 
         return build
