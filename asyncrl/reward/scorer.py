@@ -1,0 +1,106 @@
+"""Scores samples with the configured reward components and combines them by weight.
+
+Each component runs under `reward.timeout_s`; all components of a sample run concurrently. A component
+that raises, times out, or returns something other than a finite number (or a dict of them with a
+"reward" entry) fails the sample: status FAILED, reward 0.0, the reason names the component. The
+components that did answer are still reported. `ScoredSample.components` holds each component's
+unweighted score under its name (and extra dict entries as "name/key"); the reward is the weighted sum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import numbers
+from typing import Any
+
+from asyncrl.records import RewardSpec, Sample, ScoredSample, ScoreStatus
+from asyncrl.reward.config import RewardComponentConfig, RewardConfig
+from asyncrl.reward.http import HttpClient, HttpReward
+from asyncrl.reward.mathverify import MathVerify
+from asyncrl.reward.offload import Offload
+from asyncrl.reward.protocol import RewardFn
+from asyncrl.reward.python_fn import PythonFunction
+from asyncrl.reward.rules import ExactMatch, RegexMatch, TaskVerifier
+
+
+class ComponentError(Exception):
+    """A component's failure, with the reason reported in ScoredSample.reason."""
+
+
+class Scorer:
+    def __init__(self, cfg: RewardConfig) -> None:
+        self.cfg = cfg
+        self.offload = Offload(cfg.process_pool)
+        self.http = HttpClient()
+        self.components: list[tuple[RewardComponentConfig, RewardFn]] = [(c, self._build(c)) for c in cfg.components]
+
+    def _build(self, c: RewardComponentConfig) -> RewardFn:
+        try:
+            match c.kind:
+                case "exact_match":
+                    return ExactMatch(c.options)
+                case "regex":
+                    return RegexMatch(c.options)
+                case "task":
+                    return TaskVerifier(c.options)
+                case "math":
+                    return MathVerify(c.options, self.offload)
+                case "python":
+                    return PythonFunction(c.options, self.offload)
+                case "http":
+                    return HttpReward(c.options, self.http, self.cfg.timeout_s)
+        except ValueError as e:
+            raise ValueError(f"reward component {c.name!r}: {e}") from None
+        raise AssertionError(f"kind {c.kind!r} passed validation but has no implementation")
+
+    async def score(self, sample: Sample, spec: RewardSpec) -> ScoredSample:
+        results = await asyncio.gather(*(self._run(c, fn, sample.response_text, spec) for c, fn in self.components))
+        components: dict[str, float] = {}
+        reasons: list[str] = []
+        total = 0.0
+        for (c, _), result in zip(self.components, results):
+            if isinstance(result, ComponentError):
+                reasons.append(str(result))
+                continue
+            components.update(result)
+            total += c.weight * result[c.name]
+        if reasons:
+            return ScoredSample(sample=sample, reward=0.0, components=components, status=ScoreStatus.FAILED, reason="; ".join(reasons))
+        return ScoredSample(sample=sample, reward=total, components=components)
+
+    async def _run(self, c: RewardComponentConfig, fn: RewardFn, response: str, spec: RewardSpec) -> dict[str, float] | ComponentError:
+        try:
+            value = await asyncio.wait_for(fn(response, spec), self.cfg.timeout_s)
+        except TimeoutError:
+            return ComponentError(f"{c.name}: timed out after {self.cfg.timeout_s:g} s")
+        except Exception as e:  # a user function may raise anything; the worker keeps going
+            return ComponentError(f"{c.name}: raised {type(e).__name__}: {e}")
+        try:
+            return _as_components(c.name, value)
+        except ComponentError as e:
+            return e
+
+    async def close(self) -> None:
+        for _, fn in self.components:
+            await fn.close()
+        await self.http.close()
+        self.offload.close()
+
+
+def _as_components(name: str, value: Any) -> dict[str, float]:
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise ComponentError(f"{name}: returned a dict without a 'reward' entry (keys {sorted(value)[:5]})")
+        out = {name: _number(name, value["reward"])}
+        out.update({f"{name}/{k}": _number(f"{name}/{k}", v) for k, v in value.items() if k != "reward"})
+        return out
+    return {name: _number(name, value)}
+
+
+def _number(name: str, value: Any) -> float:
+    if not isinstance(value, numbers.Real):
+        raise ComponentError(f"{name}: returned {type(value).__name__} {str(value)[:50]!r}, not a number")
+    if not math.isfinite(value):
+        raise ComponentError(f"{name}: returned a non-finite value {value}")
+    return float(value)
