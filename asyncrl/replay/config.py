@@ -22,6 +22,15 @@ class HubConfig:
     """Log durability: fsync every record, once per event-loop turn, or leave it to the OS."""
     log: bool = True
     """Write the state-change log to RUN_DIR (needed for restart / resume)."""
+    score_timeout_s: float = 60.0
+    """A sample handed to a reward worker and not scored by then is offered to another worker."""
+    max_uncommitted_steps: int = 64
+    """Delivered batches kept for re-delivery until the learner commits them (memory bound); a learner
+    that runs this many steps ahead of its last commit gets an error instead of a new batch."""
+    max_samples_per_prompt: int = 1024
+    """Largest n (group size) a submitted prompt may ask for (memory bound against bad requests)."""
+    max_wait_s: float = 60.0
+    """Longest a long-poll request (lease, score, batch) is held, whatever its wait_s asks."""
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -32,3 +41,14 @@ class HubConfig:
             raise ValueError(f"hub.max_frame_bytes={self.max_frame_bytes}: must be >= 1024")
         if self.max_queued_prompts < 1:
             raise ValueError(f"hub.max_queued_prompts={self.max_queued_prompts}: must be >= 1")
+        if self.score_timeout_s <= 0:
+            raise ValueError(f"hub.score_timeout_s={self.score_timeout_s}: must be > 0")
+        if self.max_uncommitted_steps < 1:
+            raise ValueError(
+                f"hub.max_uncommitted_steps={self.max_uncommitted_steps}: must be >= 1 "
+                "(and above learner.checkpoint_every, since the learner commits at checkpoints)"
+            )
+        if self.max_samples_per_prompt < 1:
+            raise ValueError(f"hub.max_samples_per_prompt={self.max_samples_per_prompt}: must be >= 1")
+        if self.max_wait_s <= 0:
+            raise ValueError(f"hub.max_wait_s={self.max_wait_s}: must be > 0")

@@ -1,0 +1,210 @@
+"""`asyncrl.Client`: submit prompts to a running system and stream back completions with their scores.
+
+    client = Client(run_dir="runs/x")                 # or Client("tcp://127.0.0.1:5555")
+    handles = client.submit(["2+2=?", [1, 2, 3]], n=4, reward="4")
+    for scored in handles[0]:                          # ScoredSample, as each sample is scored
+        print(scored.reward, scored.sample.response_text)
+    all_four = handles[1].result(timeout_s=60)
+    client.stats()                                     # the hub's counters
+
+The hub pushes a `Completion` for every scored (or failed) sample of prompts submitted here; the client
+routes them to their `Handle`. `AsyncClient` offers the same calls as coroutines (one worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncrl import records as R
+from asyncrl.peer import HubPeer
+
+PromptLike = str | list[int] | dict[str, Any] | R.Prompt
+
+
+def endpoint_from_run_dir(run_dir: str | Path) -> str:
+    """The replay endpoint of a run: run.json "endpoints"["replay"], else the replay.endpoint file."""
+    run_dir = Path(run_dir)
+    run_json = run_dir / "run.json"
+    if run_json.exists():
+        endpoint = json.loads(run_json.read_text()).get("endpoints", {}).get("replay")
+        if endpoint:
+            return endpoint
+    ep_file = run_dir / "replay.endpoint"
+    if ep_file.exists():
+        return ep_file.read_text().strip()
+    raise FileNotFoundError(f"{run_dir}: no run.json with endpoints.replay and no replay.endpoint; is the run up?")
+
+
+@dataclass(slots=True)
+class Handle:
+    """One submitted prompt: its n samples arrive here as they are scored."""
+
+    client: Client
+    prompt_id: str
+    n: int
+    scored: list[R.ScoredSample] = field(default_factory=list)
+
+    def done(self) -> bool:
+        return len(self.scored) >= self.n
+
+    def result(self, timeout_s: float | None = None) -> list[R.ScoredSample]:
+        """All n scored samples, ordered by sample index. Raises TimeoutError."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.done():
+            self.client._pump_until(deadline)
+        return sorted(self.scored, key=lambda s: s.sample.sample_index)
+
+    def __iter__(self) -> Iterator[R.ScoredSample]:
+        seen = 0
+        while True:
+            while seen < len(self.scored):
+                seen += 1
+                yield self.scored[seen - 1]
+            if self.done():
+                return
+            self.client._pump_until(None)
+
+
+class Client:
+    def __init__(self, endpoint: str | None = None, *, run_dir: str | Path | None = None,
+                 name: str = "", timeout_s: float = 30.0) -> None:
+        if (endpoint is None) == (run_dir is None):
+            raise ValueError("Client: give exactly one of endpoint or run_dir")
+        self.endpoint = endpoint or endpoint_from_run_dir(run_dir)  # type: ignore[arg-type]
+        self.name = name or f"client-{uuid.uuid4().hex[:8]}"
+        self.peer = HubPeer(self.endpoint, self.name, timeout_s=timeout_s)
+        self.handles: dict[str, Handle] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, prompts: PromptLike | list[PromptLike], *, n: int = 1,
+               sampling: R.SamplingParams | dict[str, Any] | None = None,
+               reward: R.RewardSpec | str | dict[str, Any] | None = None) -> list[Handle]:
+        """Queue prompts (text, token ids, dicts or Prompt records); returns one Handle per prompt."""
+        items = [prompts] if isinstance(prompts, (str, dict, R.Prompt)) else list(prompts)
+        if items and isinstance(items[0], int):  # one prompt given as a list of token ids
+            items = [items]
+        recs = [to_prompt(p, n=n, sampling=sampling, reward=reward, prefix=self.name) for p in items]
+        with self._lock:
+            ack = self.peer.request(R.SubmitPrompts(prompts=recs, watch=True))
+            out = []
+            for rec, pid in zip(recs, ack.info["prompt_ids"]):
+                out.append(self.handles.setdefault(pid, Handle(self, pid, rec.n)))
+        return out
+
+    def completions(self, timeout_s: float | None = None) -> Iterator[R.ScoredSample]:
+        """Every scored sample of this client's prompts as it arrives, until all handles are done."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        seen = {pid: 0 for pid in self.handles}
+        while True:
+            for pid, h in list(self.handles.items()):
+                while seen.get(pid, 0) < len(h.scored):
+                    seen[pid] = seen.get(pid, 0) + 1
+                    yield h.scored[seen[pid] - 1]
+            if all(h.done() for h in self.handles.values()):
+                return
+            self._pump_until(deadline)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return self.peer.request(R.StatsRequest()).counters
+
+    def request(self, msg: Any) -> Any:
+        """Any request of the hub contract (see asyncrl.peer)."""
+        with self._lock:
+            return self.peer.request(msg)
+
+    def close(self) -> None:
+        self.peer.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _pump_until(self, deadline: float | None) -> None:
+        """Wait for the next pushed Completion (at most until `deadline`) and route it."""
+        left = 1.0 if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("completions did not arrive in time")
+        with self._lock:
+            msg = self.peer.receive(timeout_s=min(left, 1.0))
+        if isinstance(msg, R.Completion):
+            h = self.handles.get(msg.scored.sample.prompt_id)
+            if h is not None:
+                h.scored.append(msg.scored)
+
+
+class AsyncClient:
+    """`Client` for asyncio code: the same calls as coroutines, run on one worker thread."""
+
+    def __init__(self, endpoint: str | None = None, **kwargs: Any) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncrl-client")
+        self.client = Client(endpoint, **kwargs)
+
+    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    async def submit(self, prompts: PromptLike | list[PromptLike], **kwargs: Any) -> list[Handle]:
+        return await self._run(self.client.submit, prompts, **kwargs)
+
+    async def result(self, handle: Handle, timeout_s: float | None = None) -> list[R.ScoredSample]:
+        return await self._run(handle.result, timeout_s)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._run(self.client.stats)
+
+    async def close(self) -> None:
+        await self._run(self.client.close)
+        self._pool.shutdown()
+
+
+def to_prompt(p: PromptLike, *, n: int, sampling: Any, reward: Any, prefix: str) -> R.Prompt:
+    """str (text) | list[int] (token ids) | dict | Prompt -> Prompt with a fresh unique id."""
+    if isinstance(p, R.Prompt):
+        return p
+    if isinstance(p, str):
+        p = {"text": p}
+    elif isinstance(p, list):
+        p = {"token_ids": p}
+    if not isinstance(p, dict):
+        raise TypeError(f"prompt {p!r}: give a str, a list of token ids, a dict or a Prompt")
+    d = dict(p)
+    text = d.pop("text", d.pop("prompt", None))
+    tokens = d.pop("token_ids", None)
+    return R.Prompt(
+        prompt_id=str(d.pop("prompt_id", f"{prefix}-{uuid.uuid4().hex[:12]}")),
+        n=int(d.pop("n", n)),
+        text=text,
+        token_ids=None if tokens is None else np.asarray(tokens, dtype=np.int32),
+        sampling=_sampling(d.pop("sampling", sampling)),
+        reward=_reward(d.pop("reward", d.pop("target", reward))),
+        metadata=d.pop("metadata", {}) | d,  # any other keys travel as metadata
+    )
+
+
+def _sampling(s: Any) -> R.SamplingParams:
+    if s is None:
+        return R.SamplingParams()
+    return s if isinstance(s, R.SamplingParams) else R.SamplingParams(**s)
+
+
+def _reward(r: Any) -> R.RewardSpec:
+    if r is None:
+        return R.RewardSpec()
+    if isinstance(r, R.RewardSpec):
+        return r
+    if isinstance(r, dict):
+        return R.RewardSpec(**r)
+    return R.RewardSpec(target=str(r))

@@ -1,0 +1,94 @@
+"""`HubPeer`: a synchronous request/reply connection to the replay hub (one ZeroMQ DEALER).
+
+    peer = HubPeer(endpoint, name, timeout_s=30.0)
+    reply = peer.request(msg)      # one reply per request; ErrorReply -> HubError; no reply -> TimeoutError
+    peer.close()
+
+Long polls (LeaseRequest, ScoreRequest, BatchRequest) wait up to their `wait_s` on the hub, so a request
+waits `timeout_s + wait_s` here. After a timeout the socket is replaced (a late reply must never be taken
+for the answer to the next request). Messages the hub pushes unasked (`Completion`s for clients that
+submitted with watch=True) are kept in order and read with `receive()`. Not thread-safe: one per thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+
+from asyncrl import records as R
+from asyncrl import wire
+
+PUSHED = (R.Completion,)  # messages the hub sends without a request
+
+
+class HubError(RuntimeError):
+    """The hub answered with an ErrorReply; the message is its reason."""
+
+    def __init__(self, reason: str, request_type: str = "") -> None:
+        super().__init__(f"hub rejected {request_type or 'request'}: {reason}")
+        self.reason = reason
+        self.request_type = request_type
+
+
+class HubPeer:
+    def __init__(self, endpoint: str, name: str, timeout_s: float = 30.0,
+                 max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s}: must be > 0")
+        self.endpoint, self.name, self.timeout_s = endpoint, name, timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self.ctx = zmq.Context.instance()
+        self.pushed: deque[Any] = deque()
+        self.sock = self._connect()
+
+    def _connect(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        return sock
+
+    def request(self, msg: Any) -> Any:
+        """Send `msg`, return the hub's reply record. Raises HubError or TimeoutError."""
+        self.sock.send(wire.encode(msg), copy=False)
+        budget = self.timeout_s + float(getattr(msg, "wait_s", 0.0))
+        deadline = time.monotonic() + budget
+        while True:
+            reply = self._recv_until(deadline)
+            if reply is None:
+                self.sock.close(linger=0)
+                self.sock = self._connect()
+                raise TimeoutError(f"no reply from the hub at {self.endpoint} to {type(msg).__name__} "
+                                   f"within {budget:.1f}s")
+            if isinstance(reply, PUSHED):
+                self.pushed.append(reply)
+                continue
+            if isinstance(reply, R.ErrorReply):
+                raise HubError(reply.reason, reply.request_type)
+            return reply
+
+    def receive(self, timeout_s: float = 0.0) -> Any | None:
+        """Next message the hub pushed unasked (a Completion), or None after `timeout_s`."""
+        if self.pushed:
+            return self.pushed.popleft()
+        reply = self._recv_until(time.monotonic() + timeout_s)
+        if reply is not None and not isinstance(reply, PUSHED):
+            raise RuntimeError(f"unexpected {type(reply).__name__} with no request outstanding")
+        return reply
+
+    def _recv_until(self, deadline: float) -> Any | None:
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        if not self.sock.poll(left_ms, zmq.POLLIN):
+            return None
+        return wire.decode(self.sock.recv(copy=False).buffer, self.max_frame_bytes)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    def __enter__(self) -> HubPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

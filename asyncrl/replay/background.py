@@ -1,0 +1,52 @@
+"""`BackgroundHub`: a hub served from a daemon thread with its own event loop (tests, notebooks, embedding).
+
+    hub = BackgroundHub(HubConfig(), BatchConfig(), run_dir=None)   # binds a free loopback port
+    client = asyncrl.Client(hub.endpoint)
+    hub.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from asyncrl.config.batch import BatchConfig
+from asyncrl.replay.config import HubConfig
+from asyncrl.replay.hub import Hub
+
+
+class BackgroundHub:
+    def __init__(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None,
+                 endpoint: str = "tcp://127.0.0.1:0") -> None:
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.hub: Hub | None = None
+        self.thread = threading.Thread(target=self._run, args=(cfg, batch, run_dir, endpoint), daemon=True,
+                                       name="asyncrl-hub")
+        self.thread.start()
+        if not self._ready.wait(30):
+            raise TimeoutError("hub thread did not start within 30 s")
+        if self._error is not None:
+            raise self._error
+        self.endpoint: str = self.hub.endpoint  # type: ignore[union-attr]
+
+    def _run(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None, endpoint: str) -> None:
+        try:  # the hub's sockets are made and used on this thread only
+            self.hub = Hub(cfg, batch, run_dir, endpoint)
+        except BaseException as e:
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            asyncio.run(self.hub.serve())
+        finally:
+            self.hub.close()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.hub is not None and self.thread.is_alive():
+            self.hub.stop()
+            self.thread.join(timeout_s)
+            if self.thread.is_alive():
+                raise TimeoutError("hub thread did not stop")

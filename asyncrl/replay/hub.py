@@ -1,0 +1,151 @@
+"""The replay hub server: one ZeroMQ ROUTER socket on an asyncio (uvloop) event loop.
+
+Who talks to it (every peer holds one DEALER, see `asyncrl.peer.HubPeer`):
+
+    client/dataset ──SubmitPrompts──►┐                      ┌──Lease◄────── generator ×N (LeaseRequest,
+                                     │                      │               credit = free slots)
+    generator ──SampleBatch─────────►│    Hub (this loop)   ├──ToScore◄──── reward ×M  (ScoreRequest,
+    reward ──ScoredBatch────────────►│  HubCore + Journal   │               credit = free workers)
+    learner ──CommitStep/WeightVersion►                     ├──Batch◄────── learner ×K (BatchRequest)
+    anyone ──Heartbeat/Stats/FatalError►                    └──Completion─► clients that submitted with watch
+
+What blocks on what: nothing in the hub blocks. Producers never wait (their requests are answered at
+once); consumers long-poll: a request for work is parked until work exists or its wait_s (capped by
+hub.max_wait_s) passes, then answered empty. Generators get prompts only within the staleness bound
+(admission in `HubState`), so samples are at most max_staleness versions old when batched; older
+ones are dropped and counted.
+
+One turn of the loop: wait for frames (or the tick) → drain up to `BURST` frames and handle them →
+tick (expire leases, time out long polls) or pump parked requests → fsync the log → send replies.
+Replies leave only after the log holds what they acknowledge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from asyncrl import records as R
+from asyncrl import wire
+from asyncrl.config.batch import BatchConfig
+from asyncrl.replay.config import HubConfig
+from asyncrl.replay.core import HubCore
+from asyncrl.replay.journal import Journal
+
+log = logging.getLogger("asyncrl.replay")
+
+BURST = 1024  # frames handled per loop turn before the log is synced and replies go out
+TICK_S = 0.05  # lease expiry and long-poll timeouts run at least this often
+LOG_NAME = "replay.log"
+
+
+class Hub:
+    def __init__(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None,
+                 endpoint: str | None = None) -> None:
+        log_path = Path(run_dir) / LOG_NAME if run_dir is not None and cfg.log else None
+        self.journal = Journal.open(log_path, cfg.fsync)
+        self.core = HubCore(cfg, batch, self.journal)
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * cfg.max_frame_bytes)  # beyond: transport drops the peer
+        self.endpoint = _bind(self.sock, endpoint or cfg.endpoint)
+        self.raw = zmq.Socket.shadow(self.sock.underlying)  # sync view: drain/send without awaiting
+        self._running = False
+        self._next_tick = 0.0
+        self.unsent = 0  # replies dropped because a peer's queue was full or it was gone
+
+    async def serve(self) -> None:
+        """Serve until `stop()`."""
+        self._running = True
+        log.info("replay hub serving on %s", self.endpoint)
+        while self._running:
+            # ZMQ_FD is edge-triggered: reading ZMQ_EVENTS re-arms it after our sends and receives,
+            # and tells whether frames are already waiting (then there is nothing to wait for).
+            if not self.core.outbox and not self.raw.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                await self.sock.poll(timeout=int(TICK_S * 1000), flags=zmq.POLLIN)
+            self.turn(time.time())
+
+    def turn(self, now: float) -> None:
+        """One loop turn: handle what arrived, tick or pump, sync the log, send the replies."""
+        self._drain(now)
+        if now >= self._next_tick:
+            self.core.tick(now)
+            self._next_tick = now + TICK_S
+        else:
+            self.core.pump(now)
+        self.journal.sync()
+        self._flush()
+
+    def stop(self) -> None:
+        self._running = False
+
+    def close(self) -> None:
+        self._running = False
+        self.journal.close()
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+    def _drain(self, now: float) -> None:
+        for _ in range(BURST):
+            try:
+                parts = self.raw.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.core.handle([p.bytes for p in parts[:-1]], parts[-1], now)
+
+    def _flush(self) -> None:
+        outbox, self.core.outbox = self.core.outbox, []
+        for envelope, msg in outbox:
+            try:
+                self.raw.send_multipart([*envelope, _frame(msg)], zmq.NOBLOCK)
+            except zmq.Again:
+                self.unsent += 1
+            except zmq.ZMQError as e:  # e.g. EHOSTUNREACH for a peer that left
+                self.unsent += 1
+                log.debug("reply not sent: %s", e)
+
+
+def _frame(msg: Any) -> bytes:
+    if isinstance(msg, bytes):
+        return msg
+    try:
+        return wire.encode(msg)
+    except (TypeError, ValueError) as e:  # a reply the wire cannot carry is a bug: say so, don't crash
+        log.exception("cannot encode %s", type(msg).__name__)
+        return wire.encode(R.ErrorReply(reason=f"hub could not encode reply: {e}", request_type=""))
+
+
+def _bind(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind; a tcp port of 0 picks a free port. Returns the endpoint actually bound."""
+    if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[1] == "0":
+        endpoint = endpoint.rsplit(":", 1)[0] + ":*"
+    sock.bind(endpoint)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def install_uvloop() -> None:
+    """Use uvloop for asyncio where it is installed (it is optional on some platforms)."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def run_hub(cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None) -> None:
+    """Build, serve until stopped (KeyboardInterrupt), close. For tests and simple embeddings."""
+    install_uvloop()
+    hub = Hub(cfg, batch, run_dir)
+    try:
+        asyncio.run(hub.serve())
+    finally:
+        hub.close()

@@ -1,0 +1,62 @@
+"""Which generated samples are out with reward workers (`ScoreDispatch`). Soft state, never logged.
+
+    add_samples ──► fresh ──take──► out (deadline) ──score──► (gone)
+                      ▲                  │
+                      └── deadline passed, still unscored (dead reward worker)
+
+A sample stays `generated` in `HubState` while a worker scores it; if no score arrives within
+`ttl_s` it is offered again. After a hub restart every generated sample is fresh again; a late score
+of a sample that is no longer `generated` is rejected by `HubState.score`, so nothing is scored twice.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from asyncrl.records import ToScoreItem
+from asyncrl.replay.state import HubState
+
+Key = tuple[str, int]  # (prompt_id, sample_index)
+
+
+class ScoreDispatch:
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.fresh: deque[Key] = deque()
+        self.out: deque[tuple[float, Key]] = deque()  # (deadline, key), deadlines non-decreasing
+
+    def add(self, keys: list[Key]) -> None:
+        self.fresh.extend(keys)
+
+    def take(self, state: HubState, max_samples: int, now: float) -> tuple[list[ToScoreItem], dict[int, Any]]:
+        """Up to `max_samples` items, and id(sample) -> its wire bytes where the hub kept them."""
+        self._recycle(state, now)
+        items: list[ToScoreItem] = []
+        raw: dict[int, Any] = {}
+        while self.fresh and len(items) < max_samples:
+            key = self.fresh.popleft()
+            g = state.sample(*key)
+            if g is None:  # scored meanwhile (late worker) or no longer live
+                continue
+            sample, packed = g.samples[key[1]], g.packed[key[1]]
+            items.append(ToScoreItem(sample=sample, reward=g.prompt.reward))  # type: ignore[arg-type]
+            if packed is not None:
+                raw[id(sample)] = packed
+            self.out.append((now + self.ttl_s, key))
+        return items, raw
+
+    def has_work(self, state: HubState, now: float) -> bool:
+        self._recycle(state, now)
+        return bool(self.fresh)
+
+    def _recycle(self, state: HubState, now: float) -> None:
+        overdue: list[Key] = []
+        while self.out and self.out[0][0] <= now:
+            key = self.out.popleft()[1]
+            if state.sample(*key) is not None:
+                overdue.append(key)
+        self.fresh.extendleft(reversed(overdue))
+
+    def __len__(self) -> int:
+        return len(self.fresh) + len(self.out)

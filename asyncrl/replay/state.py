@@ -1,0 +1,324 @@
+"""The replay hub's state machine (`HubState`): pure, synchronous, no I/O, no clock, no config.
+
+Every mutation takes all it depends on as arguments (the time `now`, lease ttl, batch size, minimum
+version), so the hub logs a mutation with its arguments and a restart replays the log through the same
+methods to rebuild the same state: queue order, leases, delivered batches, counters, version.
+
+    submit ──► queue ──grant──► lease ──add_samples──► generated ──score──► ready groups ──form_batch──►
+                 ▲                │                                             │          delivered batch
+                 └─return/expire──┘                                  prune_stale (dropped)       │ commit
+                                                                                              trained
+
+Admission (AReaL): a prompt is leased only while ``admitted < (max_staleness + version + 1) *
+prompts_per_step`` where ``admitted`` = accepted (ready, delivered or trained groups) + running (leased
+or generated, not yet in a batch). Groups that end failed or wholly stale leave ``admitted`` so they
+never block admission. Sample accounting lives in `SampleCounts` (checked after every mutation).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+from asyncrl.records import Batch, Group, Prompt, Sample, SampleState, ScoredSample, ScoreStatus
+from asyncrl.replay.batches import BatchBook
+from asyncrl.replay.counts import SampleCounts
+from asyncrl.replay.groups import NEVER_STALE, GroupEntry, Phase
+from asyncrl.replay.leases import LeaseEntry, LeaseTable
+
+S = SampleState
+
+
+@dataclass(kw_only=True, slots=True)
+class ScoreResult:
+    """The score of one sample, by id (the hub keeps its own copy of the sample)."""
+
+    prompt_id: str
+    sample_index: int
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+    status: ScoreStatus = ScoreStatus.OK
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a batch of samples or scores did: accepted ids (and scored samples), rejections by reason."""
+
+    accepted: list[tuple[str, int]] = field(default_factory=list)
+    scored: list[ScoredSample] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+class HubState:
+    def __init__(self) -> None:
+        self.counts = SampleCounts()
+        self.groups: dict[str, GroupEntry] = {}  # live prompts (forgotten once trained/failed/dropped)
+        self.queue: deque[str] = deque()  # prompt ids in lease order
+        self.leases = LeaseTable()
+        self.ready: dict[str, None] = {}  # READY prompt ids, oldest first (insertion-ordered)
+        self.book = BatchBook()
+        self.version = 0  # newest policy version announced by the learner
+        self.admitted = 0  # accepted + running prompts (admission count)
+        self.events: Counter[str] = Counter()  # prompts_submitted, rejected_*, dropped_stale, ...
+        self.pending_dropped = 0  # samples dropped stale since the last batch was formed
+        self.prompts_seq = 0  # ids "p<seq>" for prompts submitted without one
+
+    # ------------------------------------------------------------------------------------- queries
+
+    def admissible(self, max_staleness: int, prompts_per_step: int) -> int:
+        """How many more prompts may be leased now under the staleness bound."""
+        return max(0, (max_staleness + self.version + 1) * prompts_per_step - self.admitted)
+
+    @property
+    def accepted(self) -> int:
+        return len(self.ready) + self.events["groups_batched"]
+
+    @property
+    def running(self) -> int:
+        return self.admitted - self.accepted
+
+    def generated_ids(self) -> list[tuple[str, int]]:
+        """Samples waiting for a score, oldest prompt first (used to rebuild dispatch after a restart)."""
+        return [(pid, i) for pid, g in self.groups.items() for i in g.indices(S.GENERATED)]
+
+    def sample(self, prompt_id: str, index: int) -> GroupEntry | None:
+        """The group of a sample that waits for its score, else None."""
+        g = self.groups.get(prompt_id)
+        if g is None or not 0 <= index < g.prompt.n or g.states[index] is not S.GENERATED:
+            return None
+        return g
+
+    # ----------------------------------------------------------------------------------- mutations
+
+    def submit(self, prompts: list[Prompt]) -> list[str]:
+        """Queue prompts (all or none). A prompt without an id gets "p<seq>"."""
+        ids = [p.prompt_id for p in prompts if p.prompt_id]
+        dup = next((i for i in ids if i in self.groups), None) or _first_duplicate(ids)
+        if dup is not None:
+            raise ValueError(f"prompt_id {dup!r} is already live in the hub: give each prompt a unique id")
+        for p in prompts:
+            if not p.prompt_id:
+                self.prompts_seq += 1
+                p.prompt_id = f"p{self.prompts_seq}"
+                assert p.prompt_id not in self.groups, f"generated prompt id {p.prompt_id} collides"
+            self.groups[p.prompt_id] = GroupEntry.new(p)
+            self.queue.append(p.prompt_id)
+            self.counts.add(p.n)
+        self._bump("prompts_submitted", len(prompts))
+        self._check()
+        return [p.prompt_id for p in prompts]
+
+    def grant(self, generator: str, count: int, now: float, ttl_s: float) -> tuple[LeaseEntry, list[Prompt]] | None:
+        """Lease up to `count` queued prompts to `generator` until `now + ttl_s`; None if none."""
+        take = [self.queue.popleft() for _ in range(min(count, len(self.queue)))]
+        if not take:
+            return None
+        entry = self.leases.open(generator, take, now + ttl_s)
+        for pid in take:
+            g = self.groups[pid]
+            g.phase, g.lease_id = Phase.OUT, entry.lease_id
+            self._move(g, S.QUEUED, S.LEASED)
+        self.admitted += len(take)
+        self._bump("leases_granted", 1)
+        self._check()
+        return entry, [self.groups[pid].prompt for pid in take]
+
+    def add_samples(self, lease_id: str, samples: list[Sample], packed: list[Any] | None = None) -> Outcome:
+        """Generated samples of a lease; anything not leased under it is rejected with a reason.
+
+        `packed`: each sample's wire bytes (kept to forward it without encoding it again)."""
+        out = Outcome()
+        entry = self.leases.get(lease_id)
+        for k, s in enumerate(samples):
+            reason = self._sample_reject_reason(entry, s)
+            if reason:
+                out.rejected[reason] += 1
+                continue
+            g = self.groups[s.prompt_id]
+            self._set(g, s.sample_index, S.LEASED, S.GENERATED)
+            g.samples[s.sample_index] = s
+            g.packed[s.sample_index] = packed[k] if packed else None
+            g.min_versions[s.sample_index] = int(s.versions.min()) if len(s.versions) else NEVER_STALE
+            out.accepted.append((s.prompt_id, s.sample_index))
+            if not g.count(S.LEASED):
+                g.lease_id = ""
+                self.leases.release(lease_id, s.prompt_id)
+        self._count_rejects("samples", out.rejected)
+        self._check()
+        return out
+
+    def return_prompts(self, lease_id: str, prompt_ids: list[str]) -> int:
+        """Prompts a generator will not finish go back to the front of the queue; returns how many."""
+        entry = self.leases.get(lease_id)
+        if entry is None:
+            return 0
+        back = [pid for pid in prompt_ids if pid in entry.prompt_ids]
+        self._requeue(entry, back)
+        self._bump("prompts_returned", len(back))
+        self._check()
+        return len(back)
+
+    def expire(self, now: float) -> int:
+        """Leases past their deadline give their still-leased prompts back; returns how many prompts."""
+        total = 0
+        for entry in self.leases.overdue(now):
+            prompt_ids = list(entry.prompt_ids)
+            self._requeue(entry, prompt_ids)
+            self.leases.close(entry.lease_id)
+            self._bump("leases_expired", 1)
+            total += len(prompt_ids)
+        self._bump("prompts_expired", total)
+        self._check()
+        return total
+
+    def score(self, results: list[ScoreResult]) -> Outcome:
+        """Scores of generated samples; completes groups (READY, or failed when no sample is OK)."""
+        out = Outcome()
+        for r in results:
+            g = self.groups.get(r.prompt_id)
+            if g is None or not 0 <= r.sample_index < g.prompt.n or g.states[r.sample_index] is not S.GENERATED:
+                out.rejected["not_generated"] += 1
+                continue
+            failed = r.status is ScoreStatus.FAILED
+            self._set(g, r.sample_index, S.GENERATED, S.FAILED if failed else S.SCORED)
+            sample = g.samples[r.sample_index]
+            assert sample is not None
+            scored = ScoredSample(sample=sample, reward=0.0 if failed else r.reward, components=r.components,
+                                  status=r.status, reason=r.reason)
+            g.scored[r.sample_index] = scored
+            out.accepted.append((r.prompt_id, r.sample_index))
+            out.scored.append(scored)
+            if g.is_complete():
+                self._complete(g)
+        self._count_rejects("scores", out.rejected)
+        self._check()
+        return out
+
+    def prune_stale(self, min_version: int) -> int:
+        """Drop scored samples of ready groups whose oldest token version < `min_version`."""
+        dropped = 0
+        for pid in list(self.ready):
+            g = self.groups[pid]
+            if g.checked_min >= min_version:
+                continue
+            g.checked_min = min_version
+            for i in g.indices(S.SCORED):
+                if g.min_versions[i] < min_version:
+                    self._set(g, i, S.SCORED, S.DROPPED)
+                    g.scored[i] = None
+                    dropped += 1
+            if not g.count(S.SCORED):
+                del self.ready[pid]
+                self._forget(g, "groups_dropped_stale")
+        self.pending_dropped += dropped
+        self._bump("dropped_stale", dropped)
+        self._check()
+        return dropped
+
+    def form_batch(self, step: int, prompts_per_step: int) -> Batch:
+        """The batch of `step` from the oldest `prompts_per_step` ready groups (caller checked both)."""
+        assert step == self.book.next_step and len(self.ready) >= prompts_per_step
+        pids = [pid for pid, _ in zip(self.ready, range(prompts_per_step))]
+        groups = []
+        for pid in pids:
+            del self.ready[pid]
+            g = self.groups[pid]
+            groups.append(Group(prompt=g.prompt, samples=g.ok_samples()))
+            g.phase = Phase.BATCHED
+            for i in g.indices(S.SCORED):
+                self._set(g, i, S.SCORED, S.DELIVERED)
+        batch = Batch(step=step, policy_version=self.version, groups=groups, dropped_stale=self.pending_dropped)
+        self.pending_dropped = 0
+        self.book.add(batch, pids)
+        self._bump("groups_batched", len(pids))
+        self._bump("batches_formed", 1)
+        self._check()
+        return batch
+
+    def commit(self, step: int) -> int:
+        """Batches of steps <= `step` were trained; returns how many were committed now."""
+        if step > self.book.last_formed:
+            raise ValueError(f"commit step {step}: only steps <= {self.book.last_formed} were delivered")
+        done = self.book.pop_through(step)
+        for _, pids in done:
+            for pid in pids:
+                g = self.groups.pop(pid)
+                for i in g.indices(S.DELIVERED):
+                    self._set(g, i, S.DELIVERED, S.TRAINED)
+        self._bump("batches_committed", len(done))
+        self._check()
+        return len(done)
+
+    def set_version(self, version: int) -> None:
+        """The learner announced `version` (latest wins: a learner resumed from a checkpoint may go back)."""
+        self.version = version
+        self._bump("versions_announced", 1)
+
+    # ------------------------------------------------------------------------------------- helpers
+
+    def _sample_reject_reason(self, entry: LeaseEntry | None, s: Sample) -> str:
+        if entry is None:
+            return "expired_lease"
+        g = self.groups.get(s.prompt_id)
+        if g is None:
+            return "unknown_prompt"
+        if s.sample_index >= g.prompt.n:
+            return "bad_index"
+        if g.states[s.sample_index] is not S.LEASED:
+            return "duplicate"
+        if g.lease_id != entry.lease_id:
+            return "not_in_lease"
+        return ""
+
+    def _requeue(self, entry: LeaseEntry, prompt_ids: list[str]) -> None:
+        for pid in reversed(prompt_ids):  # appendleft in reverse keeps their order at the front
+            g = self.groups[pid]
+            self._move(g, S.LEASED, S.QUEUED)
+            g.phase, g.lease_id = Phase.QUEUED, ""
+            self.queue.appendleft(pid)
+            self.leases.release(entry.lease_id, pid)
+        self.admitted -= len(prompt_ids)
+
+    def _complete(self, g: GroupEntry) -> None:
+        if g.count(S.SCORED):
+            g.phase = Phase.READY
+            self.ready[g.prompt.prompt_id] = None
+        else:
+            self._forget(g, "groups_failed")
+
+    def _forget(self, g: GroupEntry, event: str) -> None:
+        del self.groups[g.prompt.prompt_id]
+        self.admitted -= 1
+        self._bump(event, 1)
+
+    def _move(self, g: GroupEntry, src: SampleState, dst: SampleState) -> None:
+        for i in g.indices(src):
+            self._set(g, i, src, dst)
+
+    def _set(self, g: GroupEntry, i: int, src: SampleState, dst: SampleState) -> None:
+        assert g.states[i] is src, f"{g.prompt.prompt_id}[{i}] is {g.states[i]}, not {src}"
+        g.states[i] = dst
+        self.counts.move(src, dst)
+
+    def _count_rejects(self, what: str, rejected: Counter[str]) -> None:
+        for reason, n in rejected.items():
+            self._bump(f"rejected_{what}_{reason}", n)
+            self._bump(f"rejected_{what}", n)
+
+    def _bump(self, event: str, n: int) -> None:
+        if n:  # no zero entries: a mutation that changed nothing leaves no trace (it is not logged)
+            self.events[event] += n
+
+    def _check(self) -> None:
+        self.counts.check()
+        assert self.admitted >= 0, f"admitted={self.admitted} < 0"
+
+
+def _first_duplicate(ids: list[str]) -> str | None:
+    seen: set[str] = set()
+    for i in ids:
+        if i in seen:
+            return i
+        seen.add(i)
+    return None

@@ -1,0 +1,67 @@
+"""The hub's `Stats` counters: sample states, transitions, queue depths, accounting, peers.
+
+``accounting`` is the one-look health check: every sample ever submitted is trained, dropped
+(stale), failed, or still in a live state; ``lost`` must be 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.records import SampleState
+
+if TYPE_CHECKING:
+    from asyncrl.replay.core import HubCore
+
+
+def hub_stats(core: HubCore, now: float) -> dict[str, Any]:
+    st, cfg = core.state, core.cfg
+    counts = st.counts
+    events = dict(st.events)
+    return {
+        "states": counts.snapshot(),
+        "transitions": dict(counts.transitions),
+        "events": events,
+        "policy_version": st.version,
+        "queued_prompts": len(st.queue),
+        "leases": len(st.leases),
+        "leased_prompts": sum(len(e.prompt_ids) for e in st.leases.leases.values()),
+        "awaiting_score": counts.by_state[SampleState.GENERATED],
+        "ready_groups": len(st.ready),
+        "delivered_batches": len(st.book.delivered),
+        "next_step": st.book.next_step,
+        "committed_step": st.book.committed,
+        "accepted": st.accepted,
+        "running": st.running,
+        "admissible": st.admissible(cfg.max_staleness, core.batch.prompts_per_step),
+        "dropped_stale": events.get("dropped_stale", 0),
+        "rejected_frames": core.counters["rejected_frames"],
+        "hub": dict(core.counters),
+        "parked": {kind.__name__: len(q) for kind, q in core.parked.items()},
+        "watchers": len(core.watchers),
+        "shutdown": core.shutdown,
+        "fatal": list(core.peers.fatal),
+        "peers": core.peers.report(now),
+        "log": _log_stats(core),
+        "accounting": accounting(core),
+    }
+
+
+def accounting(core: HubCore) -> dict[str, int]:
+    counts = core.state.counts
+    by = counts.by_state
+    return {
+        "submitted": counts.submitted,
+        "trained": by[SampleState.TRAINED],
+        "dropped_stale": by[SampleState.DROPPED],
+        "failed": by[SampleState.FAILED],
+        "in_flight": sum(by[s] for s in (SampleState.QUEUED, SampleState.LEASED, SampleState.GENERATED,
+                                         SampleState.SCORED, SampleState.DELIVERED)),
+        "rejected_frames": core.counters["rejected_frames"],
+        "lost": counts.lost,
+    }
+
+
+def _log_stats(core: HubCore) -> dict[str, Any]:
+    w = core.journal.writer
+    return {"path": str(w.path), "records": w.records, "bytes": w.bytes} if w is not None else {}

@@ -1,0 +1,66 @@
+"""Replay hub service: parse config → build the hub → serve until SIGTERM/SIGINT → close.
+
+    python -m services.replay --run-dir RUN_DIR [--config run.toml] [--set hub.max_staleness=2] [--endpoint tcp://127.0.0.1:0]
+
+Prints {"endpoint": ...} as one JSON line once bound and writes the same endpoint to RUN_DIR/replay.endpoint
+(atomically: temp file + rename), where the launcher and `asyncrl.Client(run_dir=...)` read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from asyncrl.config.run import load_run_config
+from asyncrl.replay.hub import Hub, install_uvloop
+
+ENDPOINT_FILE = "replay.endpoint"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="services.replay", description=__doc__.splitlines()[0])
+    ap.add_argument("--run-dir", required=True, help="run directory (log and endpoint file live here)")
+    ap.add_argument("--config", default=None, help="run config TOML")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    ap.add_argument("--endpoint", default=None, help="bind here instead of hub.endpoint (port 0: any free port)")
+    return ap.parse_args(argv)
+
+
+def write_endpoint(run_dir: Path, endpoint: str) -> None:
+    tmp = run_dir / f".{ENDPOINT_FILE}.{os.getpid()}"
+    tmp.write_text(endpoint + "\n")
+    os.replace(tmp, run_dir / ENDPOINT_FILE)
+
+
+async def serve(hub: Hub) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, hub.stop)
+    await hub.serve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s replay %(levelname)s %(message)s")
+    cfg = load_run_config(args.config, args.set)
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    install_uvloop()
+    hub = Hub(cfg.hub, cfg.batch, run_dir, args.endpoint)
+    try:
+        write_endpoint(run_dir, hub.endpoint)
+        print(json.dumps({"endpoint": hub.endpoint}), flush=True)
+        asyncio.run(serve(hub))
+    finally:
+        hub.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""asyncrl.Client, AsyncClient and the CLI against a live hub, with a fake generator + reward worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import asyncrl
+from asyncrl import cli
+from asyncrl import records as R
+from asyncrl.config.batch import BatchConfig
+from asyncrl.peer import HubPeer
+from asyncrl.replay.background import BackgroundHub
+from asyncrl.replay.config import HubConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def fake_worker(endpoint: str, stop: threading.Event) -> None:
+    """Generator + reward in one loop: each sample's response is its prompt's token ids, reward = index."""
+    with HubPeer(endpoint, "fake-gen") as peer:
+        while not stop.is_set():
+            lease = peer.request(R.LeaseRequest(generator="fake-gen", max_prompts=8, wait_s=0.1))
+            samples = [R.Sample(prompt_id=p.prompt_id, sample_index=i, prompt_token_ids=np.zeros(1, np.int32),
+                                response_token_ids=np.array([7, i], np.int32), logprobs=np.zeros(2, np.float32),
+                                versions=np.zeros(2, np.int32), finish_reason=R.FinishReason.STOP,
+                                response_text=p.text or "tok")
+                       for p in lease.prompts for i in range(p.n)]
+            if samples:
+                peer.request(R.SampleBatch(lease_id=lease.lease_id, samples=samples))
+            todo = peer.request(R.ScoreRequest(worker="fake-reward", max_samples=64, wait_s=0.0))
+            if todo.items:
+                peer.request(R.ScoredBatch(scored=[
+                    R.ScoredSample(sample=it.sample, reward=float(it.sample.sample_index),
+                                   components={"target": float(it.reward.target == "4")})
+                    for it in todo.items]))
+
+
+@pytest.fixture
+def system(tmp_path):
+    hub = BackgroundHub(HubConfig(max_staleness=100), BatchConfig(prompts_per_step=64, samples_per_prompt=2), tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"endpoints": {"replay": hub.endpoint}, "pids": {}}))
+    stop = threading.Event()
+    worker = threading.Thread(target=fake_worker, args=(hub.endpoint, stop), daemon=True)
+    worker.start()
+    yield hub, tmp_path
+    stop.set()
+    worker.join(5)
+    hub.stop()
+
+
+def test_submit_text_tokens_and_dicts_and_get_scored_results(system):
+    hub, run_dir = system
+    with asyncrl.Client(run_dir=run_dir) as client:
+        h_text, h_tok, h_dict = client.submit(
+            ["2+2=?", [1, 2, 3], {"prompt": "x", "n": 3, "target": "4", "topic": "math"}], n=2, reward="4")
+        got = h_text.result(timeout_s=10)
+        assert [s.sample.sample_index for s in got] == [0, 1] and [s.reward for s in got] == [0.0, 1.0]
+        assert got[0].sample.response_text == "2+2=?" and got[0].components == {"target": 1.0}
+        assert len(list(h_tok)) == 2
+        third = h_dict.result(timeout_s=10)
+        assert len(third) == 3 and all(s.status is R.ScoreStatus.OK for s in third)
+        stats = client.stats()
+    assert stats["accounting"]["submitted"] == 7 and stats["accounting"]["lost"] == 0
+
+
+def test_completions_stream_every_sample_once(system):
+    hub, _ = system
+    with asyncrl.Client(hub.endpoint) as client:
+        client.submit([f"p{i}" for i in range(5)], n=2)
+        seen = [(s.sample.prompt_id, s.sample.sample_index) for s in client.completions(timeout_s=10)]
+    assert len(seen) == 10 and len(set(seen)) == 10
+
+
+def test_async_client(system):
+    hub, _ = system
+
+    async def go() -> list[R.ScoredSample]:
+        client = asyncrl.AsyncClient(hub.endpoint)
+        (handle,) = await client.submit("hello", n=2)
+        out = await client.result(handle, timeout_s=10)
+        assert (await client.stats())["accounting"]["lost"] == 0
+        await client.close()
+        return out
+
+    assert len(asyncio.run(go())) == 2
+
+
+def test_cli_submit_and_stats(system, tmp_path, capsys):
+    hub, run_dir = system
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('"a"\n[5, 6]\n{"text": "b", "n": 1, "target": "4"}\n')
+    assert cli.main(["submit", str(prompts), "--run-dir", str(run_dir), "--n", "2", "--timeout", "20"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 5 and {x["status"] for x in lines} == {"ok"}
+    assert cli.main(["stats", "--endpoint", hub.endpoint]) == 0
+    assert json.loads(capsys.readouterr().out)["accounting"]["lost"] == 0
+
+
+def test_client_needs_exactly_one_address():
+    with pytest.raises(ValueError, match="exactly one"):
+        asyncrl.Client()
+    with pytest.raises(FileNotFoundError, match="replay"):
+        asyncrl.Client(run_dir="/nonexistent-run")
