@@ -70,7 +70,7 @@ class Feeder:
         peer = HubPeer(self.endpoint, "feeder", timeout_s=30.0)
         try:
             while not self._stop.is_set():
-                queued = int(peer.request(R.StatsRequest()).counters.get("prompts_queued", 0))
+                queued = int(peer.request(R.StatsRequest()).counters.get("queued_prompts", 0))
                 want = self.target - queued
                 if want <= 0:
                     self._stop.wait(self.poll_s)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from asyncrl.config.run import load_run_config
 from asyncrl.replay.hub import Hub, install_uvloop
+from asyncrl.rundir import load_config
 
 ENDPOINT_FILE = "replay.endpoint"
 
@@ -26,7 +27,7 @@ ENDPOINT_FILE = "replay.endpoint"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="services.replay", description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True, help="run directory (log and endpoint file live here)")
-    ap.add_argument("--config", default=None, help="run config TOML")
+    ap.add_argument("--config", default=None, help="run config TOML (default: RUN_DIR/config.json if present)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument("--endpoint", default=None, help="bind here instead of hub.endpoint (port 0: any free port)")
     return ap.parse_args(argv)
@@ -48,8 +49,9 @@ async def serve(hub: Hub) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s replay %(levelname)s %(message)s")
-    cfg = load_run_config(args.config, args.set)
     run_dir = Path(args.run_dir)
+    launched = args.config is None and not args.set and (run_dir / "config.json").exists()
+    cfg = load_config(run_dir) if launched else load_run_config(args.config, args.set)
     run_dir.mkdir(parents=True, exist_ok=True)
     install_uvloop()
     hub = Hub(cfg.hub, cfg.batch, run_dir, args.endpoint)

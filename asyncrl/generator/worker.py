@@ -149,7 +149,7 @@ class GeneratorWorker:
     def _tokenize(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("prompt has text but this generator has no tokenizer: send token_ids")
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(text))  # with the model's special tokens (BOS), as a chat template would
 
     def _seed_for(self, prompt_id: str) -> int:
         return zlib.crc32(f"{self.seed}:{prompt_id}".encode()) & 0x7FFFFFFF

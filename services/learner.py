@@ -1,0 +1,38 @@
+"""Learner rank: FSDP2 training on batches from the hub; rank 0 pushes weights to the generators.
+
+Started by the launcher like torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment):
+python -m services.learner --run-dir DIR --name learner-0 --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch.distributed as dist
+
+from asyncrl.learner.service import LearnerService, init_distributed
+from asyncrl.lifecycle import StopFlag, setup_logging
+from asyncrl.rundir import load_config, read_run_json
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+    log = setup_logging(args.name)
+    stop = StopFlag().install()
+    cfg = load_config(args.run_dir)
+    init_distributed(args.device)
+    service = LearnerService(cfg, args.run_dir, args.name, args.device, read_run_json(args.run_dir)["endpoints"], stop)
+    log.info("learner %s on %s: %d steps", args.name, args.device, cfg.learner.steps)
+    try:
+        service.run()
+    finally:
+        service.close()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
