@@ -4,6 +4,8 @@ Layout: k[layer]: [num_blocks, block_size, num_kv_heads, head_dim] (same for v).
 sequence lives in block `block_table[t // block_size]` at offset `t % block_size`; the flat slot
 `block_id * block_size + offset` indexes `k[layer].view(-1, num_kv_heads, head_dim)`.
 The tensors are zero-initialised: decode masks unused slots, and masked zeros never produce NaN.
+One extra block past `num_blocks` (`scratch_block`) is never handed out: padded decode rows write
+and read only there.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ class KVCache:
     def __init__(
         self, cfg: ArchConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
     ) -> None:
-        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_layers, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, blocks, block_size, kv_heads, head_dim]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.scratch_block = num_blocks
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[index], self.v[index]

@@ -2,28 +2,53 @@
 
     prefill(groups) : prepare_prefill -> run_model (logits at each fresh group's last prompt token)
                       -> copy-on-write blocks -> one logits row per sample -> sample
-    decode(seqs)    : prepare_decode  -> run_model (one token per sequence) -> sample
+    decode(seqs)    : DecodeBuffers.stage (padded to a bucket size) -> CUDA graph replay, or the same
+                      step eagerly (model -> lm_head -> fused sampler) -> one host copy of the results
 
-Everything here is per step and stateless apart from the model and the KV cache; a CUDA-graph
-runner can replace `run_model` for decode since `prepare_decode` yields fixed-rank tensors.
+Sampling runs in the fused GPU kernel (`triton_sampler`) when available; rows with top-k / top-p, and
+the CPU, use `sampler.sample`. Besides the model, the KV cache and the static decode buffers, nothing
+here keeps state between steps.
 """
 
 from __future__ import annotations
 
 import torch
 
-from asyncrl.engine.block_manager import BlockManager
+from asyncrl.engine import triton_ops
+from asyncrl.engine.block_manager import BlockManager, blocks_for
+from asyncrl.engine.decode_graphs import DecodeBuffers, DecodeGraphs, bucket_sizes
 from asyncrl.engine.kv_cache import KVCache
 from asyncrl.engine.model.decoder import CausalLM
 from asyncrl.engine.paged_attention import AttentionMetadata
 from asyncrl.engine.sampler import SamplingBatch, sample
 from asyncrl.engine.sequence import Sequence, SequenceGroup
+from asyncrl.engine.triton_sampler import sample_fused
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_cache: KVCache, blocks: BlockManager, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_cache: KVCache,
+        blocks: BlockManager,
+        device: torch.device,
+        *,
+        max_batch: int,
+        max_model_len: int,
+        cuda_graphs: bool,
+        fixed_batch: bool,
+    ) -> None:
+        """fixed_batch: every decode step runs `max_batch` rows (padding included), so each row's
+        arithmetic never depends on how many other sequences run (deterministic mode)."""
         self.model, self.kv_cache, self.blocks, self.device = model, kv_cache, blocks, device
         self.vocab_size = model.cfg.vocab_size
+        self.fixed_batch = fixed_batch
+        self.sizes = [max_batch] if fixed_batch else bucket_sizes(max_batch)
+        max_blocks = blocks_for(max_model_len, blocks.block_size)
+        self.buffers = DecodeBuffers(max_batch, max_blocks, kv_cache.scratch_block, blocks.block_size, device)
+        self.fused_sampling = triton_ops.enabled(model.lm_head.weight)
+        use_graphs = cuda_graphs and device.type == "cuda"
+        self.graphs = DecodeGraphs(self.decode_step, self.sizes) if use_graphs else None
 
     # ---------------------------------------------------------------- phases
 
@@ -38,15 +63,41 @@ class ModelRunner:
             return [], torch.empty(0, dtype=torch.int64), torch.empty(0)
         seqs = [s for g in fresh for s in g.seqs]
         rows = torch.tensor([last_rows[i] for i, g in enumerate(fresh) for _ in g.seqs], device=self.device)
-        logits = self.model.compute_logits(hidden[rows])  # [num_samples, vocab]; one row per sample
-        tokens, logprobs = sample(logits, self.prepare_sampling(seqs))
-        return seqs, tokens, logprobs
+        logits = self.model.compute_logits(hidden[rows], fp32=False)  # [num_samples, vocab]; one row per sample
+        if self.fused_sampling and not self.needs_truncation(seqs):
+            batch = self.prepare_sampling(seqs)
+            return seqs, *self._to_host(sample_fused(logits, batch.temperatures, batch.seeds, batch.steps), len(seqs))
+        tokens, logprobs = sample(logits.float(), self.prepare_sampling(seqs))
+        return seqs, tokens.cpu(), logprobs.cpu()
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        input_ids, positions, meta = self.prepare_decode(seqs)
-        logits = self.model.compute_logits(self.run_model(input_ids, positions, meta))  # [batch, vocab]
-        return sample(logits, self.prepare_sampling(seqs))
+        """One token for each sequence -> (tokens [n] int64, logprobs [n] fp32), on the host."""
+        n = len(seqs)
+        size = self.sizes[-1] if self.fixed_batch else next(s for s in self.sizes if s >= n)
+        self.buffers.stage(seqs, size)
+        if self.graphs is not None:
+            logits, sampled = self.graphs.replay(size)
+        else:
+            logits, sampled = self.decode_step(size, None if self.fixed_batch else self.buffers.width)
+        if sampled is not None and not self.needs_truncation(seqs):
+            return self._to_host(sampled, n)
+        tokens, logprobs = sample(logits[:n].float(), self.prepare_sampling(seqs))
+        return tokens.cpu(), logprobs.cpu()
+
+    def decode_step(self, size: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decode of `size` staged rows (what a graph captures) -> (logits [size, vocab] in the
+        model dtype, fused samples [2, size] or None)."""
+        v = self.buffers.views(size, width)
+        meta = AttentionMetadata(
+            is_prefill=False, slot_mapping=v["slot_mapping"], seq_lens=[1] * size,
+            block_tables=v["block_tables"], context_lens=v["context_lens"],
+        )
+        hidden = self.run_model(v["input_ids"], v["positions"], meta)
+        logits = self.model.compute_logits(hidden, fp32=False)  # [size, vocab]
+        if not self.fused_sampling:
+            return logits, None
+        return logits, sample_fused(logits, v["temperatures"], v["seeds"], v["steps"])
 
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]
@@ -73,19 +124,8 @@ class ModelRunner:
         meta = AttentionMetadata(is_prefill=True, slot_mapping=self._long(slots), seq_lens=seq_lens)
         return self._long(ids), self._long(positions), meta, last_rows
 
-    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """-> input_ids [batch] (each sequence's last token), positions [batch], metadata."""
-        positions = [s.num_tokens - 1 for s in seqs]
-        width = max(len(s.block_table) for s in seqs)
-        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-        meta = AttentionMetadata(
-            is_prefill=False,
-            slot_mapping=self._long([self.blocks.slot(s, p) for s, p in zip(seqs, positions, strict=True)]),
-            seq_lens=[1] * len(seqs),
-            block_tables=self._long(tables),  # [batch, max_blocks]
-            context_lens=self._long([s.num_tokens for s in seqs]),  # [batch]
-        )
-        return self._long([s.last_token for s in seqs]), self._long(positions), meta
+    def needs_truncation(self, seqs: list[Sequence]) -> bool:
+        return any(0 < s.sampling.top_k < self.vocab_size or s.sampling.top_p < 1.0 for s in seqs)
 
     def prepare_sampling(self, seqs: list[Sequence]) -> SamplingBatch:
         params = [s.sampling for s in seqs]
@@ -102,3 +142,8 @@ class ModelRunner:
 
     def _long(self, values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    @staticmethod
+    def _to_host(sampled: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        host = sampled[:, :n].cpu()  # the step's only device -> host sync
+        return host[0].long(), host[1].float()

@@ -1,7 +1,7 @@
-"""Attention over the paged KV cache, with torch SDPA (the portable backend).
+"""Attention over the paged KV cache: torch SDPA (the portable backend) or, on GPU, the Triton
+kernels of `asyncrl.engine.triton_ops` (same cache layout, no per-step gather or padding).
 
-The model calls three functions per layer; a faster backend (Triton / FlexAttention, CUDA graphs)
-replaces them without touching the model or the cache layout:
+The model calls three functions per layer:
 
 * `store_kv`: write the new tokens' K/V into their slots (slot = block_id * block_size + offset).
 * `prefill_attention`: causal attention within each new sequence (prefill never reads cached KV:
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from asyncrl.engine import triton_ops
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,6 +43,13 @@ def prefill_attention(
 ) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
     -> [num_tokens, num_heads, head_dim]."""
+    if len(set(seq_lens)) == 1:  # equal lengths: one batched call
+        b, n = len(seq_lens), seq_lens[0]
+        out = F.scaled_dot_product_attention(
+            *(t.view(b, n, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v)),
+            is_causal=True, scale=scale, enable_gqa=True,
+        )  # [b, heads, len, head_dim]
+        return out.transpose(1, 2).reshape(q.shape)
     outs = []
     for qs, ks, vs in zip(q.split(seq_lens), k.split(seq_lens), v.split(seq_lens), strict=True):
         out = F.scaled_dot_product_attention(
@@ -56,6 +65,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """q: [batch, num_heads, head_dim] -> [batch, num_heads, head_dim]."""
     assert meta.block_tables is not None and meta.context_lens is not None
+    if triton_ops.enabled(q):
+        return triton_ops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
     batch, max_blocks = meta.block_tables.shape
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
     ctx = max_blocks * block_size

@@ -21,9 +21,14 @@ import torch
 
 from asyncrl.engine.block_manager import BlockManager, blocks_for
 from asyncrl.engine.kv_cache import KVCache
-from asyncrl.engine.model import load_hf_folder, load_weights
+from asyncrl.engine.model import CausalLM, load_hf_folder, load_weights
 from asyncrl.engine.model_runner import ModelRunner
-from asyncrl.engine.protocol import EngineStats, GenerationOutput, GenerationRequest, PauseMode
+from asyncrl.engine.protocol import (
+    EngineStats,
+    GenerationOutput,
+    GenerationRequest,
+    PauseMode,
+)
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence, SequenceGroup
 from asyncrl.records import FinishReason
@@ -46,25 +51,58 @@ class TorchEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         weight_version: int = 0,
+        cuda_graphs: bool = True,
+        deterministic: bool = False,
     ) -> None:
         """model_path: a Hugging Face causal-LM folder. dtype: "auto" (bfloat16 on CUDA, float32 on
         CPU), a name or a torch.dtype. num_kv_blocks: KV cache size in blocks of `kv_block_size`
         tokens; default: room for `max_running` sequences of min(max_model_len, 2048 CPU / 4096 CUDA)
         tokens. max_model_len: prompt + response limit; default: the model's max_position_embeddings.
-        seed: draws the sampling seed of requests that give none."""
-        if max_running < 1 or max_prefill_tokens < 1:
-            raise ValueError(f"max_running={max_running}, max_prefill_tokens={max_prefill_tokens}: both must be >= 1")
+        seed: draws the sampling seed of requests that give none. cuda_graphs: replay decode steps
+        from CUDA graphs captured per padded batch size (CUDA only). deterministic: a sample's tokens
+        and logprobs do not depend on what else runs (each group prefills alone, every decode step
+        runs max_running rows); costs throughput at low load. Preemption recomputes a sequence's
+        KV by prefill, so keep num_kv_blocks large enough that it does not happen."""
         self.device = torch.device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.model = load_hf_folder(model_path, self.dtype, self.device)
+        model = load_hf_folder(model_path, self.dtype, self.device)
+        self._setup(model, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len, seed,
+                    weight_version, cuda_graphs, deterministic)
+
+    @classmethod
+    def from_model(cls, model: CausalLM, **options) -> TorchEngine:
+        """An engine around an already built compact model (e.g. `build_from_hf` of an in-memory Hugging
+        Face model, sharing its tensors); options as for the constructor, minus model_path / dtype."""
+        self = cls.__new__(cls)
+        p = model.lm_head.weight
+        self.device, self.dtype = p.device, p.dtype
+        defaults = {"max_running": 64, "num_kv_blocks": None, "kv_block_size": 16, "max_prefill_tokens": 8192,
+                    "max_model_len": None, "seed": 0, "weight_version": 0, "cuda_graphs": True,
+                    "deterministic": False}
+        unknown = set(options) - set(defaults)
+        if unknown:
+            raise TypeError(f"TorchEngine.from_model: unknown options {sorted(unknown)}")
+        self._setup(model, **{**defaults, **options})
+        return self
+
+    def _setup(self, model: CausalLM, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len,
+               seed, weight_version, cuda_graphs, deterministic) -> None:
+        if max_running < 1 or max_prefill_tokens < 1:
+            raise ValueError(f"max_running={max_running}, max_prefill_tokens={max_prefill_tokens}: both must be >= 1")
+        self.model = model
+        model.fuse_projections()
         self.arch = self.model.cfg
+        self.deterministic = deterministic
         self.max_model_len = min(max_model_len or self.arch.max_position_embeddings, self.arch.max_position_embeddings)
         self.max_running = max_running
         num_blocks = num_kv_blocks or self._default_num_blocks(kv_block_size)
         self.blocks = BlockManager(num_blocks, kv_block_size)
         self.kv_cache = KVCache(self.arch, num_blocks, kv_block_size, self.dtype, self.device)
         self.scheduler = Scheduler(self.blocks, max_running, max_prefill_tokens)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.blocks, self.device)
+        self.runner = ModelRunner(
+            self.model, self.kv_cache, self.blocks, self.device, max_batch=max_running,
+            max_model_len=self.max_model_len, cuda_graphs=cuda_graphs, fixed_batch=deterministic,
+        )
         self.eos_token_ids = frozenset(self.arch.eos_token_ids)
         self._version = weight_version
         self._seed_rng = random.Random(seed)
@@ -169,8 +207,10 @@ class TorchEngine:
             seq.prefill_start = start
         self.counters["prefills"] += len(groups)
         self.counters["prefill_tokens"] += sum(len(g.prefill_token_ids()) for g in groups)
-        seqs, tokens, logprobs = self.runner.prefill(groups)
-        finished = self._append(seqs, tokens, logprobs)
+        finished = []
+        for batch in ([g] for g in groups) if self.deterministic else [groups]:  # alone: no batch dependence
+            seqs, tokens, logprobs = self.runner.prefill(batch)
+            finished += self._append(seqs, tokens, logprobs)
         elapsed = time.perf_counter() - start
         for seq in (s for g in groups for s in g.seqs):
             seq.prefill_s += elapsed

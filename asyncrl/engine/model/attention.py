@@ -4,11 +4,23 @@ rotary embedding, then the paged-cache attention of `asyncrl.engine.paged_attent
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from asyncrl.engine import triton_ops
 from asyncrl.engine.model.config import ArchConfig
-from asyncrl.engine.model.layers import RMSNorm, apply_rotary
-from asyncrl.engine.paged_attention import AttentionMetadata, decode_attention, prefill_attention, store_kv
+from asyncrl.engine.model.layers import (
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rotary,
+    fuse_linears,
+)
+from asyncrl.engine.paged_attention import (
+    AttentionMetadata,
+    decode_attention,
+    prefill_attention,
+    store_kv,
+)
 
 
 class Attention(nn.Module):
@@ -24,24 +36,45 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """One [q + k + v, hidden] projection; q_proj / k_proj / v_proj parameters become views of it."""
+        if self.qkv is None:
+            self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [n, hidden] -> q [n, heads, d], k, v [n, kv_heads, d] (views of one matmul when fused)."""
+        n, d = x.shape[0], self.head_dim
+        if self.qkv is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            sizes = [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d]
+            q, k, v = F.linear(x, *self.qkv).split(sizes, -1)
+        return q.view(n, self.num_heads, d), k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
 
     def forward(
         self,
         x: torch.Tensor,  # [num_tokens, hidden]
-        cos: torch.Tensor,  # [num_tokens, head_dim]
-        sin: torch.Tensor,
+        rotary: RotaryEmbedding,
+        positions: torch.Tensor,  # [num_tokens]
         meta: AttentionMetadata,
         k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project(x)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        if triton_ops.enabled(x):
+            cos, sin = rotary.tables(rotary.max_positions, x.dtype, x.device)
+            q, k = triton_ops.rotary_store(
+                q, k, v, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, want_k=meta.is_prefill
+            )
+        else:
+            cos, sin = rotary(positions, x.dtype)  # [num_tokens, head_dim]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         if meta.is_prefill:
             out = prefill_attention(q, k, v, meta.seq_lens, self.scale)
         else:

@@ -30,9 +30,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, cos, sin, meta, k_cache, v_cache) -> torch.Tensor:  # h: [num_tokens, hidden]
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, k_cache, v_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, residual, rotary, positions, meta, k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: this layer's input delta [num_tokens, hidden]; residual: the stream before it (None in
+        layer 0). -> (mlp output, stream after attention): the next layer adds them in its norm."""
+        x, residual = self.input_layernorm.add_forward(h, residual)
+        h = self.self_attn(x, rotary, positions, meta, k_cache, v_cache)
+        x, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -41,17 +45,19 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(default_inv_freq(cfg.head_dim, cfg.rope_theta))
+        self.rotary_emb = RotaryEmbedding(
+            default_inv_freq(cfg.head_dim, cfg.rope_theta), max_positions=cfg.max_position_embeddings
+        )
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: LayerCache
     ) -> torch.Tensor:
         h = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        cos, sin = self.rotary_emb(positions, h.dtype)  # [num_tokens, head_dim]
+        residual = None
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
-            h = layer(h, cos, sin, meta, k_cache, v_cache)
-        return self.norm(h)
+            h, residual = layer(h, residual, self.rotary_emb, positions, meta, k_cache, v_cache)
+        return self.norm.add_forward(h, residual)[0]
 
 
 class CausalLM(nn.Module):
@@ -66,12 +72,20 @@ class CausalLM(nn.Module):
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def fuse_projections(self) -> None:
+        """Fuse q/k/v and gate/up into single matmuls (call once the model is on its device)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: LayerCache
     ) -> torch.Tensor:
         """-> hidden states [num_tokens, hidden]; call `compute_logits` on the rows that are sampled."""
         return self.model(input_ids, positions, meta, kv_cache)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [num_rows, hidden] -> fp32 logits [num_rows, vocab] (matmul in the model dtype)."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """hidden: [num_rows, hidden] -> logits [num_rows, vocab] (matmul in the model dtype), as fp32
+        unless fp32=False (the fused sampler reads the model dtype and converts on the fly)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if fp32 else logits

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asyncrl.engine import triton_ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -23,13 +25,22 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
 
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (norm(x + residual), x + residual); residual None means x is the stream itself.
+        One fused kernel on GPU; the same roundings as `residual + x` then `forward`."""
+        if triton_ops.enabled(x) and x.dim() == 2 and self.weight.dtype == x.dtype:
+            return triton_ops.add_rmsnorm(x, residual, self.weight, self.eps)
+        h = x if residual is None else residual + x
+        return self.forward(h), h
+
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for the positions of one batch; `inv_freq` comes from the Hugging Face model so
     every static RoPE variant (default, linear, llama3, yarn) is reproduced exactly."""
 
-    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float = 1.0) -> None:
+    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float = 1.0, max_positions: int = 4096) -> None:
         super().__init__()
+        self.max_positions = max_positions
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # [head_dim / 2]
         self.attention_scaling = attention_scaling
 
@@ -39,6 +50,16 @@ class RotaryEmbedding(nn.Module):
         cos = (emb.cos() * self.attention_scaling).to(dtype)
         sin = (emb.sin() * self.attention_scaling).to(dtype)
         return cos, sin
+
+    def tables(self, max_positions: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [max_positions, head_dim] for every position (what `forward` gives row by row),
+        built once per dtype and device; the fused rotary kernel gathers from them."""
+        key = (max_positions, dtype, device)
+        if getattr(self, "_tables_key", None) != key:
+            positions = torch.arange(max_positions, device=device)
+            self._tables = self.forward(positions, dtype)
+            self._tables_key = key
+        return self._tables
 
 
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -54,7 +75,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)). After `fuse()`, gate_proj / up_proj weights are views
+    into one [2 * inter, hidden] matrix (one matmul); loading by their Hugging Face names still
+    writes that matrix in place."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
@@ -62,5 +85,34 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
+        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def fuse(self) -> None:
+        if self.gate_up is None:
+            self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = F.linear(x, *self.gate_up)  # [num_tokens, 2 * inter]
+        if triton_ops.enabled(gate_up) and gate_up.dim() == 2:
+            return self.down_proj(triton_ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the linears' weights (and biases) along the output dim into one tensor and make
+    each module's parameters views of it, so in-place loads by name update the fused tensor.
+    -> (weight [sum out, in], bias or None)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if has_bias:
+            lin.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    return weight, bias

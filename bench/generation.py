@@ -1,0 +1,236 @@
+"""Generation throughput: the built-in torch engine against plain Hugging Face `generate`.
+
+Both run the same random-initialised model (the engine shares the HF model's tensors) on the same
+random prompts, in one process, seeded and warmed up. One JSON line per (shape, batch):
+
+    python -m bench.generation                                  # all shapes, batch 64 and 256
+    python -m bench.generation --shapes 0.5b --batches 256      # the headline case only
+    python -m bench.generation --skip-hf                        # engine only (no ratio)
+
+tokens/s counts output tokens over the whole run (prefill included) for both. `roofline_frac` is,
+over the engine's decode-only steps, (weight bytes + KV bytes read per step) / copy bandwidth
+measured in the same run, divided by the measured step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+
+import torch
+
+SHAPES = {
+    "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864},
+    "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960},
+}
+VOCAB = 151936
+
+
+def build_hf(shape: str, max_len: int, seed: int = 0, init_std: float = 0.02, dtype: torch.dtype = torch.bfloat16):
+    import transformers
+
+    config = transformers.Qwen2Config(
+        **SHAPES[shape], vocab_size=VOCAB, tie_word_embeddings=True, max_position_embeddings=max(max_len, 1024),
+        initializer_range=init_std, eos_token_id=151643, bos_token_id=151643, pad_token_id=151643,
+    )
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = transformers.Qwen2ForCausalLM(config).to(dtype)
+    return model.eval()
+
+
+def make_engine(hf, batch: int, max_len: int, **options):
+    from asyncrl.engine.block_manager import blocks_for
+    from asyncrl.engine.model import build_from_hf
+    from asyncrl.engine.torch_engine import TorchEngine
+
+    blocks = batch * blocks_for(max_len, 16) + 64
+    return TorchEngine.from_model(
+        build_from_hf(hf), max_running=batch, num_kv_blocks=blocks, kv_block_size=16, max_prefill_tokens=16384,
+        max_model_len=max_len, **options,
+    )
+
+
+def prompts(batch: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, length), generator=g).tolist()
+
+
+def run_engine(eng, batch_prompts, output_len: int, temperature: float = 1.0):
+    """-> (wall seconds, outputs, decode-only step stats)."""
+    from asyncrl.engine.protocol import GenerationRequest
+    from asyncrl.records import SamplingParams
+
+    params = SamplingParams(max_new_tokens=output_len, temperature=temperature, ignore_eos=True, seed=None)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i, p in enumerate(batch_prompts):
+        eng.add(GenerationRequest(request_id=f"r{i}", prompt_token_ids=p, sampling=params))
+    outs, decode_s, decode_ctx, decode_steps = [], 0.0, [], 0
+    while eng.has_work():
+        prefills = eng.counters["prefills"]
+        ctx = sum(s.num_tokens for s in eng.scheduler.running)
+        t0 = time.perf_counter()
+        outs += eng.step()
+        dt = time.perf_counter() - t0
+        if eng.counters["prefills"] == prefills:  # decode-only step
+            decode_s += dt
+            decode_steps += 1
+            decode_ctx.append(ctx)
+    wall = time.perf_counter() - start
+    return wall, outs, {"decode_s": decode_s, "decode_steps": decode_steps, "ctx_tokens": decode_ctx}
+
+
+def run_hf(hf, batch_prompts, output_len: int) -> float:
+    ids = torch.tensor(batch_prompts, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                      max_new_tokens=output_len, min_new_tokens=output_len, pad_token_id=0)
+    torch.cuda.synchronize()
+    assert out.shape[1] == ids.shape[1] + output_len
+    return time.perf_counter() - start
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a large device-to-device copy (read + write counted)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * src.numel() * 20 / (start.elapsed_time(end) / 1e3)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights a decode step reads (the tied embedding once, as the lm_head)."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if p.data_ptr() in seen or name.endswith("embed_tokens.weight") and not model.cfg.tie_word_embeddings:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def graph_step_ms(eng, size: int) -> float | None:
+    graphs = eng.runner.graphs
+    if graphs is None or size not in graphs:
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graphs.replay(size)
+    start.record()
+    for _ in range(20):
+        graphs.replay(size)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 20
+
+
+def profile_parts(eng, batch: int, ctx: int) -> dict:
+    """Milliseconds of the decode step's parts at `batch` rows (eager launches, median of repeats)."""
+    import triton.testing
+
+    from asyncrl.engine import triton_ops
+    from asyncrl.engine.triton_sampler import sample_fused
+
+    cfg, dev = eng.arch, eng.device
+    h = torch.randn(batch, cfg.hidden_size, device=dev, dtype=eng.dtype)
+    logits = eng.model.compute_logits(h, fp32=False)
+    temps = torch.ones(batch, device=dev)
+    seeds = torch.arange(batch, device=dev)
+    q = torch.randn(batch, cfg.num_heads, cfg.head_dim, device=dev, dtype=eng.dtype)
+    k_cache, v_cache = eng.kv_cache.layer(0)
+    per_seq = -(-ctx // eng.blocks.block_size)
+    tables = torch.arange(batch * per_seq, device=dev).view(batch, per_seq) % eng.blocks.num_blocks
+    lens = torch.full((batch,), ctx, device=dev)
+    layer = eng.model.model.layers[0]
+    mlp_in = torch.randn(batch, cfg.hidden_size, device=dev, dtype=eng.dtype)
+
+    def bench(fn):
+        return round(triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median"), 4)
+
+    return {
+        "sampler_ms": bench(lambda: sample_fused(logits, temps, seeds, seeds)),
+        "lm_head_ms": bench(lambda: eng.model.compute_logits(h, fp32=False)),
+        "attention_layer_ms": bench(
+            lambda: triton_ops.decode_attention(q, k_cache, v_cache, tables, lens, cfg.head_dim**-0.5)),
+        "mlp_layer_ms": bench(lambda: layer.mlp(mlp_in)),
+        "qkv_o_proj_ms": bench(lambda: (layer.self_attn.project(mlp_in), layer.self_attn.o_proj(mlp_in))),
+        "profile_ctx": ctx,
+    }
+
+
+def commit() -> str:
+    if os.environ.get("ASYNCRL_COMMIT"):
+        return os.environ["ASYNCRL_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def bench_case(
+    shape: str, batch: int, prompt_len: int, output_len: int, bw: float, skip_hf: bool, profile: bool = False
+) -> dict:
+    max_len = prompt_len + output_len + 16
+    hf = build_hf(shape, max_len)
+    eng = make_engine(hf, batch, max_len)
+    kv_per_token = 2 * eng.arch.num_layers * eng.arch.num_kv_heads * eng.arch.head_dim * 2
+    run_engine(eng, prompts(batch, prompt_len, seed=1), 8)  # warm-up: prefill shapes, graphs, kernels
+    wall, outs, dec = run_engine(eng, prompts(batch, prompt_len, seed=2), output_len)
+    assert len(outs) == batch and all(len(o.token_ids) == output_len for o in outs)
+    wbytes = weight_bytes(eng.model)
+    ideal = sum(wbytes + ctx * kv_per_token for ctx in dec["ctx_tokens"]) / bw
+    row = {
+        "bench": "generation", "shape": shape, "batch": batch, "prompt_len": prompt_len, "output_len": output_len,
+        "dtype": "bfloat16", "engine_tok_s": round(batch * output_len / wall, 1), "engine_wall_s": round(wall, 3),
+        "decode_step_ms": round(1e3 * dec["decode_s"] / max(dec["decode_steps"], 1), 3),
+        "graph_replay_ms": graph_step_ms(eng, batch),
+        "roofline_frac": round(ideal / dec["decode_s"], 3) if dec["decode_s"] else None,
+        "weight_bytes": wbytes, "copy_bw_GBs": round(bw / 1e9, 1),
+    }
+    if profile:
+        row.update(profile_parts(eng, batch, prompt_len + output_len // 2))
+    eng.close()
+    del eng
+    if not skip_hf:
+        run_hf(hf, prompts(batch, 16, seed=3), 4)  # warm-up
+        hf_wall = run_hf(hf, prompts(batch, prompt_len, seed=2), output_len)
+        row["hf_tok_s"] = round(batch * output_len / hf_wall, 1)
+        row["speedup"] = round(row["engine_tok_s"] / row["hf_tok_s"], 2)
+    row.update(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=commit())
+    del hf
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="0.5b,1.5b", help="comma list of " + ",".join(SHAPES))
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--skip-hf", action="store_true", help="engine only")
+    parser.add_argument("--profile", action="store_true", help="also time the decode step's parts")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.generation needs a CUDA device")
+    bw = copy_bandwidth()
+    for shape in args.shapes.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            print(json.dumps(bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
