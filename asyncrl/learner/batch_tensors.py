@@ -1,0 +1,164 @@
+"""records.Batch -> packed token tensors in micro-batches.
+
+A sequence is prompt + response[:-1] (the last response token is only a target). Sequences are packed
+without padding: concatenated into one row with position_ids restarting at 0 per sequence, which Hugging
+Face models turn into a block-diagonal causal mask (see logprobs.py). Each micro-batch holds at most
+`micro_batch_tokens` input tokens (a longer sequence goes alone) and is filled first-fit-decreasing.
+
+Per response token t of a sequence with prompt length P, the logits at packed position start + P - 1 + t
+predict it; `gather_idx` lists those positions so only response rows ever reach the lm_head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from asyncrl import records
+
+
+@dataclass(slots=True)
+class SeqRecord:
+    """One trainable sample, flattened out of its group."""
+
+    index: int  # position in the flattened batch (over all ranks)
+    group: int  # group index in the batch, after filtering
+    prompt: np.ndarray  # [P] int
+    response: np.ndarray  # [R] int
+    behav_logp: np.ndarray  # [R] float32, generator's log_softmax(z / T)
+    versions: np.ndarray  # [R] int, policy version of each token
+    temperature: float  # the generator's T (greedy -> 1.0, as SGLang reports raw logprobs then)
+    max_new_tokens: int
+    reward: float  # after shaping (overlong penalty)
+    advantage: float = 0.0  # outcome-level advantage (token-level algorithms fill per token later)
+
+    @property
+    def num_input_tokens(self) -> int:
+        return len(self.prompt) + len(self.response) - 1
+
+
+def flatten_batch(batch: records.Batch) -> tuple[list[SeqRecord], int]:
+    """Every scored, non-empty sample of the batch as a SeqRecord (group = index of its group).
+    Returns (records, number of samples skipped: failed reward or empty response)."""
+    out: list[SeqRecord] = []
+    skipped = 0
+    for g, group in enumerate(batch.groups):
+        temp = group.prompt.sampling.temperature
+        temp = 1.0 if temp < 1e-6 else temp
+        for scored in group.samples:
+            s = scored.sample
+            if scored.status != records.ScoreStatus.OK or len(s.response_token_ids) == 0:
+                skipped += 1
+                continue
+            _check_sample(s)
+            out.append(SeqRecord(
+                index=len(out), group=g, prompt=np.asarray(s.prompt_token_ids), response=np.asarray(s.response_token_ids),
+                behav_logp=np.asarray(s.logprobs, dtype=np.float32), versions=np.asarray(s.versions),
+                temperature=float(temp), max_new_tokens=group.prompt.sampling.max_new_tokens, reward=float(scored.reward),
+            ))
+    return out, skipped
+
+
+def _check_sample(s: records.Sample) -> None:
+    r = len(s.response_token_ids)
+    if len(s.prompt_token_ids) == 0:
+        raise ValueError(f"sample {s.prompt_id}/{s.sample_index}: empty prompt_token_ids; the learner needs the prompt")
+    if len(s.logprobs) != r or len(s.versions) != r:
+        raise ValueError(
+            f"sample {s.prompt_id}/{s.sample_index}: {r} response tokens but {len(s.logprobs)} logprobs and "
+            f"{len(s.versions)} versions; the generator must record one of each per token"
+        )
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """Packed sequences of one forward/backward. Shapes: T input tokens, n response tokens, s sequences."""
+
+    input_ids: Tensor  # [1, T] int64
+    position_ids: Tensor  # [1, T] int64, restarting at 0 per sequence
+    gather_idx: Tensor  # [n] int64, packed position whose logits predict each response token
+    targets: Tensor  # [n] int64, the response tokens
+    temperature: Tensor  # [n] float32
+    behav_logp: Tensor  # [n] float32
+    versions: Tensor  # [n] int64
+    mask: Tensor  # [n] float32, 0 only for the filler token of a filler micro-batch
+    seq_lens: Tensor  # [s] response lengths
+    seq_index: list[int]  # SeqRecord.index per sequence (-1: filler)
+    # Filled by the trainer before the update:
+    advantages: Tensor | None = None  # [n]
+    agg_weights: Tensor | None = None  # [n] per-token loss weights (losses.aggregation_weights)
+    old_logp: Tensor | None = None  # [n] proximal (or behaviour) logprobs, the PPO "old" policy
+    is_weights: Tensor | None = None  # [n] behaviour -> proximal importance weights
+    is_dropped: Tensor | None = None  # [n] bool
+    ref_logp: Tensor | None = None  # [n]
+    old_values: Tensor | None = None  # [n]
+    returns: Tensor | None = None  # [n]
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def to(self, device: torch.device) -> MicroBatch:
+        for name in MicroBatch.__slots__:
+            value = getattr(self, name)
+            if isinstance(value, Tensor):
+                setattr(self, name, value.to(device))
+        return self
+
+
+def pack_micro_batches(seqs: list[SeqRecord], micro_batch_tokens: int) -> list[list[SeqRecord]]:
+    """First-fit-decreasing bins of at most micro_batch_tokens input tokens (a longer sequence alone)."""
+    bins: list[list[SeqRecord]] = []
+    room: list[int] = []
+    for s in sorted(seqs, key=lambda s: (-s.num_input_tokens, s.index)):
+        n = s.num_input_tokens
+        for i, free in enumerate(room):
+            if n <= free:
+                bins[i].append(s)
+                room[i] -= n
+                break
+        else:
+            bins.append([s])
+            room.append(micro_batch_tokens - n)
+    return bins
+
+
+def build_micro_batch(seqs: list[SeqRecord]) -> MicroBatch:
+    """Concatenate sequences into one packed row."""
+    ids, pos, gather, targets, temps, behav, vers = [], [], [], [], [], [], []
+    start = 0
+    for s in seqs:
+        p, r = len(s.prompt), len(s.response)
+        ids.append(np.concatenate([s.prompt, s.response[:-1]]).astype(np.int64))
+        pos.append(np.arange(p + r - 1, dtype=np.int64))
+        gather.append(np.arange(start + p - 1, start + p - 1 + r, dtype=np.int64))
+        targets.append(s.response.astype(np.int64))
+        temps.append(np.full(r, s.temperature, dtype=np.float32))
+        behav.append(s.behav_logp)
+        vers.append(s.versions.astype(np.int64))
+        start += p + r - 1
+    t = lambda parts: torch.from_numpy(np.concatenate(parts))
+    n = sum(len(s.response) for s in seqs)
+    return MicroBatch(
+        input_ids=t(ids)[None], position_ids=t(pos)[None], gather_idx=t(gather), targets=t(targets),
+        temperature=t(temps), behav_logp=t(behav).float(), versions=t(vers), mask=torch.ones(n),
+        seq_lens=torch.tensor([len(s.response) for s in seqs]), seq_index=[s.index for s in seqs],
+        advantages=torch.from_numpy(np.concatenate([np.full(len(s.response), s.advantage, np.float32) for s in seqs])),
+    )
+
+
+def filler_micro_batch() -> MicroBatch:
+    """A two-token micro-batch with zero loss weight: a rank with fewer micro-batches runs these so that
+    every rank makes the same FSDP collectives."""
+    mb = build_micro_batch([SeqRecord(
+        index=-1, group=-1, prompt=np.zeros(1, np.int64), response=np.zeros(2, np.int64),
+        behav_logp=np.zeros(2, np.float32), versions=np.zeros(2, np.int64), temperature=1.0,
+        max_new_tokens=2, reward=0.0,
+    )])
+    mb.mask.zero_()
+    mb.seq_index = [-1]
+    return mb

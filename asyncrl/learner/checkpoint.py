@@ -1,0 +1,181 @@
+"""Atomic learner checkpoints: model, optimizer, scheduler, RNG states, step, policy version and an
+opaque `extra` dict (the hub's commit point, data cursor).
+
+Layout: <run_dir>/checkpoints/step-00000042/{model.pt, optimizer.pt, scheduler.pt, rng-rank<r>.pt,
+meta.json}. A checkpoint is written under `.tmp-step-...`, every file fsynced, meta.json written last,
+then the folder is renamed into place and the parent fsynced; a crash leaves only a `.tmp-*` folder,
+which `latest_checkpoint` ignores (and the next save of that step replaces).
+
+With FSDP2 the state is gathered to rank 0 through torch.distributed.checkpoint's state-dict API
+(`get_state_dict(full_state_dict=True, cpu_offload=True)`) and loaded back with `broadcast_from_rank0`:
+one plain file per component, readable without torch.distributed and loadable with any world size.
+(The trade-off: rank 0 holds the whole fp32 model + optimizer state in CPU memory while saving; for
+models past tens of billions of parameters a sharded `dcp.save` layout would be the next step.)
+Assumes a filesystem shared by the learner ranks (one host, or a network mount).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from asyncrl.learner import fsdp
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(slots=True)
+class CheckpointMeta:
+    step: int
+    policy_version: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step (a folder with meta.json), or None."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return None
+    done = [(int(m.group(1)), p) for p in root.iterdir()
+            if (m := _STEP_DIR.match(p.name)) and (p / "meta.json").is_file()]
+    return max(done)[1] if done else None
+
+
+def save_checkpoint(run_dir: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, step: int, policy_version: int, extra: dict[str, Any],
+                    keep: int = 0) -> Path:
+    """Collective under FSDP (every rank calls it). Returns the final checkpoint folder."""
+    info = fsdp.dist_info()
+    root = Path(run_dir) / "checkpoints"
+    final, tmp = root / f"step-{step:08d}", root / f".tmp-step-{step:08d}"
+    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=info.sharded))
+    if info.rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    fsdp.barrier()
+    _write(tmp / f"rng-rank{info.rank}.pt", rng_state())
+    if info.rank == 0:
+        _write(tmp / "model.pt", msd)
+        _write(tmp / "optimizer.pt", osd)
+        _write(tmp / "scheduler.pt", scheduler.state_dict())
+    fsdp.barrier()
+    if info.rank == 0:
+        meta = {"step": step, "policy_version": policy_version, "extra": extra, "world_size": info.world_size}
+        _write_bytes(tmp / "meta.json", json.dumps(meta, indent=1).encode())
+        _fsync_dir(tmp)
+        _replace_dir(tmp, final)
+        _prune(root, keep)
+    fsdp.barrier()
+    return final
+
+
+def load_checkpoint(path: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any) -> CheckpointMeta:
+    """Collective under FSDP. Restores model, optimizer, scheduler and this rank's RNG states."""
+    path = Path(path)
+    if not (path / "meta.json").is_file():
+        raise ValueError(f"{path}: not a complete checkpoint (no meta.json); use latest_checkpoint(run_dir)")
+    info = fsdp.dist_info()
+    meta = CheckpointMeta(**json.loads((path / "meta.json").read_text()))
+    if info.rank == 0 or not info.sharded:
+        msd = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+        osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    else:
+        msd, osd = {}, {}
+    # Model then optimizer, in separate calls: set_state_dict() treats an empty (non-zero rank) model
+    # dict as "optimizer only" and the ranks' collectives then diverge.
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=info.sharded)
+    set_model_state_dict(model, msd, options=options)
+    set_optimizer_state_dict(model, optimizer, osd, options=options)
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    rng = path / f"rng-rank{info.rank}.pt"
+    if rng.is_file():
+        set_rng_state(torch.load(rng, weights_only=True))
+    return meta
+
+
+def rng_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tuples(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(x: Any) -> Any:
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def _write(path: Path, obj: Any) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    old = final.with_name(f".old-{final.name}")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _prune(root: Path, keep: int) -> None:
+    if keep <= 0:
+        return
+    done = sorted((int(m.group(1)), p) for p in root.iterdir()
+                  if (m := _STEP_DIR.match(p.name)) and (p / "meta.json").is_file())
+    for _, p in done[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
+
+

@@ -1,0 +1,98 @@
+"""Process-group helpers and FSDP2 wrapping of the policy.
+
+With an initialised default process group (any world size, gloo on CPU, NCCL on GPU) the model is
+sharded with `fully_shard`: one FSDP unit per decoder layer (the classes HF lists in `_no_split_modules`)
+and the `PolicyModel` as root (embeddings, final norm, lm_head, value head). Master parameters stay fp32;
+on GPU the compute dtype is bf16 with fp32 gradient reduction (`MixedPrecisionPolicy`). Without a
+process group the model is used as is (a single process; bf16 then runs under autocast).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True, slots=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    device: torch.device
+    sharded: bool  # FSDP2 in use (a process group is initialised)
+
+
+def default_device(rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def dist_info(device: str | torch.device | None = None) -> DistInfo:
+    sharded = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if sharded else 0
+    world = dist.get_world_size() if sharded else 1
+    dev = torch.device(device) if device is not None else default_device(rank)
+    return DistInfo(rank=rank, world_size=world, device=dev, sharded=sharded)
+
+
+def compute_dtype(name: str, device: torch.device) -> torch.dtype:
+    """ModelConfig.dtype -> the dtype forward/backward run in ("auto": bf16 on GPU, fp32 on CPU)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def decoder_layers(hf: nn.Module) -> list[nn.Module]:
+    names = set(getattr(hf, "_no_split_modules", None) or [])
+    layers = [m for m in hf.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(hf).__name__}: no decoder layers found (_no_split_modules={sorted(names)}); "
+                         "FSDP2 needs per-layer units")
+    return layers
+
+
+def shard(root: nn.Module, hf: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """fully_shard every decoder layer, then the root, in place, over a 1-D mesh of all ranks on
+    `device`'s type (explicit: the default mesh would pick CUDA whenever it exists, even for CPU ranks)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    kwargs: dict = {"mesh": mesh}
+    if dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in decoder_layers(hf):
+        fully_shard(layer, **kwargs)
+    fully_shard(root, **kwargs)
+
+
+def autocast(info: DistInfo, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """bf16/fp16 compute without FSDP (FSDP's MixedPrecisionPolicy handles it when sharded)."""
+    if info.sharded or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(info.device.type, dtype=dtype)
+
+
+def full_tensor(t: Tensor) -> Tensor:
+    """The whole tensor of a (possibly DTensor-sharded) parameter; a collective under FSDP."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
+    """Sum / max over learner ranks (identity without a process group); returns a tensor on t's device."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return t
+    device = t.device
+    backend_device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    buf = t.detach().to(backend_device).clone()
+    dist.all_reduce(buf, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return buf.to(device)
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,50 @@
+"""The trained module: a Hugging Face causal LM plus an optional scalar value head (PPO critic sharing the
+policy's trunk), with a forward over one packed micro-batch.
+
+It is the FSDP2 root, so the lm_head and the value head (root parameters) are unsharded while
+`forward` runs the chunked logprob computation outside the HF model's own forward. Hugging Face names
+stay reachable through `.hf` (weight push, export); the value head lives outside them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM
+
+from asyncrl.learner.logprobs import chunked_logprobs
+
+
+class PolicyModel(nn.Module):
+    def __init__(self, hf: nn.Module, value_head: bool, chunk_tokens: int) -> None:
+        super().__init__()
+        self.hf = hf
+        self.chunk_tokens = chunk_tokens
+        self.softcap = getattr(hf.config, "final_logit_softcapping", None)
+        self.value_head = nn.Linear(hf.config.hidden_size, 1) if value_head else None
+        if self.value_head is not None:
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, gather_idx: Tensor, targets: Tensor,
+                temperature: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """input_ids, position_ids [1, T]; gather_idx, targets, temperature [n]
+        -> (logprobs [n] fp32, entropy [n] fp32 no grad, values [n] fp32 or None)."""
+        decoder = self.hf.get_decoder()
+        hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0]  # [T, H]
+        hidden = hidden.index_select(0, gather_idx)  # [n, H]
+        logp, entropy = chunked_logprobs(
+            hidden, self.hf.get_output_embeddings(), targets, temperature, self.chunk_tokens, self.softcap)
+        values = None
+        if self.value_head is not None:
+            values = self.value_head(hidden).squeeze(-1).float()  # [n]
+        return logp, entropy, values
+
+
+def load_hf(path: str, attn_implementation: str) -> nn.Module:
+    """fp32 master weights on CPU (moved / sharded by the caller)."""
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"learner: cannot load a causal LM from {path!r}: {e}") from e
+    return hf

@@ -1,0 +1,188 @@
+"""The learner process loop (every rank runs it; rank 0 also talks to generators).
+
+    hub ──Batch(step)──▶ every rank ── train_step ──▶ push weights (rank 0 sends, others gather)
+     ▲                                                     │
+     └── WeightVersion(v) · CommitStep(step) after a checkpoint · metrics.jsonl (rank 0)
+
+* Each rank asks the hub for the same step; the hub hands every asker the same batch until the
+  step is committed, so all ranks train on one batch without a broadcast between them.
+* While waiting for a batch, the ranks stay in lockstep (one collective per wait round) so that
+  rank 0 can serve a (re)joining generator a full push: that needs every rank's full_tensor().
+* Checkpoints are atomic; `CommitStep(step)` follows the checkpoint, so after a crash the hub
+  re-delivers every batch after the last checkpoint: nothing is dropped or trained twice.
+* SIGINT/SIGTERM: finish the current step, checkpoint, commit, exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from asyncrl import records as R
+from asyncrl.config.model import resolve_model_path
+from asyncrl.config.run import RunConfig
+from asyncrl.learner import fsdp
+from asyncrl.learner.checkpoint import latest_checkpoint
+from asyncrl.learner.trainer import Trainer
+from asyncrl.lifecycle import StopFlag
+from asyncrl.metrics import MetricsWriter
+from asyncrl.peer import HubPeer
+from asyncrl.timeline import Timeline
+from asyncrl.weights.bucket import drain
+from asyncrl.weights.sender import WeightSender
+
+log = logging.getLogger(__name__)
+
+
+def init_distributed(device: str) -> None:
+    """Join the learner's own process group (env:// from the launcher, like torchrun)."""
+    os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    dist.init_process_group(backend=backend, init_method="env://")
+
+
+class LearnerService:
+    def __init__(self, cfg: RunConfig, run_dir: str | Path, name: str, device: str,
+                 endpoints: dict[str, str], stop: StopFlag) -> None:
+        self.cfg, self.run_dir, self.name, self.stop = cfg, Path(run_dir), name, stop
+        self.trainer = Trainer(cfg.learner, resolve_model_path(cfg.model), dtype=cfg.model.dtype, device=device,
+                               seed=cfg.launch.seed)
+        self.rank = self.trainer.dist.rank
+        self.hub = HubPeer(endpoints["replay"], name, timeout_s=120.0)
+        self.sender = WeightSender(endpoints["weights"], device=device,
+                                   bucket_bytes=cfg.learner.weight_bucket_mb << 20,
+                                   pause_mode=cfg.generator.inflight_update,
+                                   master_address=cfg.launch.host) if self.rank == 0 else None
+        self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
+        self.timeline = Timeline(self.run_dir, name)
+        self.tokens_trained = 0
+        self.t0 = time.time()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        self._resume()
+        steps = self.cfg.learner.steps
+        while self.trainer.step < steps:
+            step = self.trainer.step + 1
+            batch = self._wait_batch(step)
+            if batch is None:  # asked to stop while waiting
+                break
+            metrics = self._train(batch)
+            push = self._push()
+            self._checkpoint_if_due(step, final=step == steps or self.stop.is_set())
+            self._report(step, batch, metrics, push)
+            if self.stop.is_set():
+                break
+        if self.trainer.step >= steps:
+            self.trainer.export(self.run_dir / "export")
+
+    def close(self) -> None:
+        self.timeline.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.sender is not None:
+            self.sender.close()
+        self.hub.close()
+
+    # ------------------------------------------------------------------ phases
+
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.run_dir)
+        if path is not None:
+            self.trainer.load_checkpoint(path)
+            log.info("resumed from %s at step %d (policy version %d)", path, self.trainer.step, self.trainer.version)
+        if self.rank == 0:
+            self.hub.request(R.WeightVersion(version=self.trainer.version))
+
+    def _wait_batch(self, step: int) -> R.Batch | None:
+        batch: R.Batch | None = None
+        while True:
+            if self._any(self.stop.is_set()):
+                return None
+            self._serve_joins()
+            if batch is None:
+                reply = self.hub.request(R.BatchRequest(learner=self.name, step=step, wait_s=0.5))
+                batch = reply if isinstance(reply, R.Batch) else None
+            if self._every(batch is not None):
+                return batch
+
+    def _train(self, batch: R.Batch) -> dict[str, float]:
+        with self.timeline.span("train"):
+            return self.trainer.train_step(batch)
+
+    def _push(self) -> dict[str, Any]:
+        with self.timeline.span("push"):
+            named = self.trainer.named_full_tensors()
+            if self.sender is None:
+                drain(named)
+                return {}
+            report = self.sender.push(named, self.trainer.version).as_dict()
+            self.hub.request(R.WeightVersion(version=self.trainer.version))
+            return report
+
+    def _serve_joins(self) -> None:
+        if not self._any(self.sender is not None and self.sender.has_joins()):
+            return
+        if self.sender is None:
+            drain(self.trainer.named_full_tensors())
+        else:
+            self.sender.serve_joins(self.trainer.named_full_tensors, self.trainer.version)
+
+    def _checkpoint_if_due(self, step: int, final: bool) -> None:
+        if not final and step % self.cfg.learner.checkpoint_every:
+            return
+        with self.timeline.span("checkpoint"):
+            self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step})
+        if self.rank == 0:
+            self.hub.request(R.CommitStep(step=step, policy_version=self.trainer.version))
+
+    def _report(self, step: int, batch: R.Batch, metrics: dict[str, float], push: dict[str, Any]) -> None:
+        if self.metrics is None:
+            return
+        samples = [s for g in batch.groups for s in g.samples if s.status == R.ScoreStatus.OK]
+        lags = Counter(int(self.trainer.version - 1 - int(s.sample.versions.min()))
+                       for s in samples if len(s.sample.versions))
+        generated = sum(len(s.sample.response_token_ids) for s in samples)
+        self.tokens_trained += generated
+        hub = self._hub_stats()
+        elapsed = time.time() - self.t0
+        self.metrics.write(step, {
+            **metrics, "policy_version": self.trainer.version,
+            "reward_mean": float(np.mean([s.reward for s in samples])) if samples else float("nan"),
+            "samples_trained": len(samples), "tokens_generated": self.tokens_trained,
+            "tokens_per_s": self.tokens_trained / max(elapsed, 1e-9),
+            "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
+            "dropped_stale_in_batch": batch.dropped_stale, "time_s": elapsed, "push": push,
+            "hub": {k: hub.get(k) for k in ("accounting", "states", "queued_prompts", "policy_version")},
+        })
+
+    # ------------------------------------------------------------------ helpers
+
+    def _hub_stats(self) -> dict[str, Any]:
+        try:
+            return self.hub.request(R.StatsRequest()).counters
+        except Exception as e:  # noqa: BLE001 - metrics must not stop training
+            log.warning("hub stats unavailable: %s", e)
+            return {}
+
+    def _any(self, flag: bool) -> bool:
+        """True on every rank when the flag is set on some rank (one small collective)."""
+        return fsdp.all_reduce(torch.tensor(float(flag), device=self.trainer.dist.device), "max").item() > 0
+
+    def _every(self, flag: bool) -> bool:
+        total = fsdp.all_reduce(torch.tensor(float(flag), device=self.trainer.dist.device), "sum").item()
+        return total >= self.trainer.dist.world_size

@@ -1,0 +1,234 @@
+"""The learner's Trainer: owns the policy (FSDP2 when a process group exists), the frozen reference
+model (only when kl_coef > 0), the optimizer and the schedule; one `train_step` per hub batch.
+
+One learner step, on every rank (each gets the whole batch; prepare.py deals whole groups to ranks):
+
+    prepare_batch            rewards -> shaping -> filter -> outcome advantages -> packed micro-batches
+    _old_pass (no grad)      proximal logprobs (decoupled / tis), old values (ppo), reference logprobs
+    _token_advantages        reinforce_pp / ppo: per-token returns, whitened over all ranks
+    for each mini-batch:     forward + loss + backward per micro-batch, clip, AdamW step
+    scheduler.step; version += 1
+
+Every rank runs the same number of micro-batches (fillers pad the short ones), so FSDP's collectives
+line up. Losses carry the global normaliser (losses.aggregation_weights) and are scaled by world size
+because FSDP averages gradients over ranks: the update equals the single-process update on the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from asyncrl import records
+from asyncrl.learner import advantages as adv
+from asyncrl.learner import checkpoint as ckpt
+from asyncrl.learner import export as exp
+from asyncrl.learner import fsdp, losses
+from asyncrl.learner.batch_tensors import MicroBatch
+from asyncrl.learner.config import LearnerConfig
+from asyncrl.learner.model import PolicyModel, load_hf
+from asyncrl.learner.optim import build_optimizer, build_scheduler, clip_grad_norm
+from asyncrl.learner.prepare import PreparedBatch, prepare_batch
+
+
+class Trainer:
+    def __init__(self, cfg: LearnerConfig, model_path: str, *, dtype: str = "auto",
+                 device: str | torch.device | None = None, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        self.dist = fsdp.dist_info(device)
+        self.dtype = fsdp.compute_dtype(dtype, self.dist.device)
+        if self.dist.device.type == "cuda":
+            torch.cuda.set_device(self.dist.device)
+        torch.manual_seed(seed)
+        self.policy = self._build(model_path, cfg.needs_value_head, trainable=True)
+        self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 else None
+        self.optimizer = build_optimizer(self.policy.parameters(), cfg)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+        self.version = 0  # policy version of the current weights (generators stamp tokens with it)
+        self.step = 0  # last completed learner step
+
+    def _build(self, path: str, value_head: bool, trainable: bool) -> PolicyModel:
+        hf = load_hf(path, self.cfg.attn_implementation)
+        if trainable and self.cfg.activation_checkpointing:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = PolicyModel(hf, value_head, self.cfg.logprob_chunk_tokens).to(self.dist.device)
+        model.requires_grad_(trainable)
+        if self.dist.sharded:
+            fsdp.shard(model, hf, self.dtype, self.dist.device)
+        return model
+
+    # ------------------------------------------------------------------ the step
+
+    def train_step(self, batch: records.Batch) -> dict[str, float]:
+        """One learner step on `batch` (the same whole batch on every rank). Returns metrics, identical on
+        every rank."""
+        t0 = time.perf_counter()
+        prep = prepare_batch(batch, self.cfg, self.dist.rank, self.dist.world_size, self.version)
+        for mbs in prep.mini_batches:
+            for mb in mbs:
+                mb.to(self.dist.device)
+        self._old_pass(prep)
+        if adv.is_token_level(self.cfg.algorithm):
+            self._token_advantages(prep)
+        sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros((), device=self.dist.device))
+        maxes: dict[str, Tensor] = defaultdict(lambda: torch.full((), -torch.inf, device=self.dist.device))
+        grad_norms = []
+        self.policy.train()
+        for mbs in prep.mini_batches:
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in mbs:
+                self._backward(mb, sums, maxes)
+            grad_norms.append(clip_grad_norm(self.policy.parameters(), self.cfg.max_grad_norm))
+            self.optimizer.step()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        self.version += 1
+        self.step = batch.step
+        metrics = self._metrics(prep, sums, maxes)
+        metrics.update(grad_norm=max(grad_norms, default=0.0), lr=lr, optimizer_steps=float(len(grad_norms)),
+                       policy_version=float(self.version), step_time_s=time.perf_counter() - t0)
+        return metrics
+
+    def _forward(self, model: PolicyModel, mb: MicroBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+        with fsdp.autocast(self.dist, self.dtype):
+            return model(mb.input_ids, mb.position_ids, mb.gather_idx, mb.targets, mb.temperature)
+
+    @torch.no_grad()
+    def _old_pass(self, prep: PreparedBatch) -> None:
+        """Quantities of the weights before this step's update, per micro-batch (no grad)."""
+        need_prox = self.cfg.off_policy != "none" or self.cfg.needs_value_head
+        self.policy.eval()
+        for mbs in prep.mini_batches:
+            for mb in mbs:
+                mb.old_logp = mb.behav_logp
+                if need_prox:
+                    logp, _, values = self._forward(self.policy, mb)
+                    mb.old_values = values
+                    if self.cfg.off_policy != "none":
+                        mb.old_logp = logp
+                mb.is_weights, mb.is_dropped = losses.importance_weights(
+                    mb.old_logp, mb.behav_logp, self.cfg.off_policy, self.cfg.importance_cap)
+                if self.ref is not None:
+                    self.ref.eval()
+                    mb.ref_logp = self._forward(self.ref, mb)[0]
+
+    def _token_advantages(self, prep: PreparedBatch) -> None:
+        """reinforce_pp / ppo: per-token rewards (+ KL-in-reward) -> returns / GAE, whitened globally."""
+        seq_parts: list[tuple[MicroBatch, int, int, int]] = []  # (mb, start, length, seq index)
+        for mbs in prep.mini_batches:
+            for mb in mbs:
+                start = 0
+                for length, index in zip(mb.seq_lens.tolist(), mb.seq_index):
+                    seq_parts.append((mb, start, length, index))
+                    start += length
+        real = [p for p in seq_parts if p[3] >= 0]
+        width = max((p[2] for p in real), default=1)
+        mask = torch.zeros(len(real), width)  # [B, L]
+        kl = torch.zeros(len(real), width)
+        values = torch.zeros(len(real), width)
+        for i, (mb, s, n, _) in enumerate(real):
+            mask[i, :n] = 1.0
+            if self.cfg.kl_in_reward and mb.ref_logp is not None:
+                kl[i, :n] = losses.kl_k1(mb.old_logp[s:s + n], mb.ref_logp[s:s + n]).cpu()
+            if mb.old_values is not None:
+                values[i, :n] = mb.old_values[s:s + n].float().cpu()
+        rewards = torch.tensor([prep.seqs[p[3]].reward for p in real], dtype=torch.float32)
+        token_rewards = adv.outcome_token_rewards(rewards, mask, kl if self.cfg.kl_in_reward else None, self.cfg.kl_coef)
+        fn = adv.TOKEN_ADVANTAGES[self.cfg.algorithm]
+        a, ret = fn(token_rewards, mask, values, self.cfg.gamma, self.cfg.gae_lambda, reduce=fsdp.all_reduce)
+        for mb in {id(p[0]): p[0] for p in seq_parts}.values():
+            mb.advantages = torch.zeros_like(mb.behav_logp)
+            mb.returns = torch.zeros_like(mb.behav_logp)
+        for i, (mb, s, n, _) in enumerate(real):
+            mb.advantages[s:s + n] = a[i, :n].to(mb.advantages.device)
+            mb.returns[s:s + n] = ret[i, :n].to(mb.returns.device)
+
+    def _backward(self, mb: MicroBatch, sums: dict[str, Tensor], maxes: dict[str, Tensor]) -> None:
+        cfg = self.cfg
+        logp, entropy, values = self._forward(self.policy, mb)
+        pg, clipped = losses.ppo_clip_loss(logp, mb.old_logp, mb.advantages, cfg.clip_eps_low, cfg.clip_eps_high)
+        token_loss = mb.is_weights * pg  # [n]
+        terms = {"pg_loss": losses.aggregate(token_loss, mb.agg_weights)}
+        if self.ref is not None:
+            kl = losses.kl_k3(logp, mb.ref_logp)
+            sums["kl"] += (kl.detach() * mb.mask).sum()
+            if not cfg.kl_in_reward:
+                token_loss = token_loss + cfg.kl_coef * kl
+                terms["kl_loss"] = losses.aggregate(cfg.kl_coef * kl, mb.agg_weights)
+        if values is not None:
+            vl, vclipped = losses.value_loss(values, mb.old_values, mb.returns, cfg.value_clip)
+            token_loss = token_loss + cfg.value_coef * vl
+            terms["value_loss"] = losses.aggregate(vl, mb.agg_weights)
+            sums["value_clip_frac"] += (vclipped.float() * mb.mask).sum()
+        loss = losses.aggregate(token_loss, mb.agg_weights)
+        (loss * self.dist.world_size).backward()
+        m = mb.mask
+        sums["loss"] += loss.detach()
+        for k, v in terms.items():
+            sums[k] += v.detach()
+        sums["n"] += m.sum()
+        sums["entropy"] += (entropy * m).sum()
+        sums["clip_frac"] += (clipped.float() * m).sum()
+        sums["adv"] += (mb.advantages * m).sum()
+        sums["adv_sq"] += (mb.advantages ** 2 * m).sum()
+        sums["is_weight"] += (mb.is_weights * m).sum()
+        sums["is_dropped"] += (mb.is_dropped.float() * m).sum()
+        sums["behav_prox_absdiff"] += ((mb.old_logp - mb.behav_logp).abs() * m).sum()
+        big = torch.full_like(m, -torch.inf)
+        maxes["adv_max"] = torch.maximum(maxes["adv_max"], torch.where(m > 0, mb.advantages, big).max())
+        maxes["adv_neg_min"] = torch.maximum(maxes["adv_neg_min"], torch.where(m > 0, -mb.advantages, big).max())
+        maxes["is_weight_max"] = torch.maximum(maxes["is_weight_max"], torch.where(m > 0, mb.is_weights, big).max())
+
+    def _metrics(self, prep: PreparedBatch, sums: dict[str, Tensor], maxes: dict[str, Tensor]) -> dict[str, float]:
+        out = dict(prep.metrics)
+        keys = sorted(sums)
+        s = dict(zip(keys, fsdp.all_reduce(torch.stack([sums[k] for k in keys])).tolist())) if keys else {}
+        mkeys = sorted(maxes)
+        mx = dict(zip(mkeys, fsdp.all_reduce(torch.stack([maxes[k] for k in mkeys]), "max").tolist())) if mkeys else {}
+        n = max(s.get("n", 0.0), 1.0)
+        mini = max(len(prep.mini_batches), 1)
+        for k in ("loss", "pg_loss", "kl_loss", "value_loss"):
+            if k in s:
+                out[k] = s[k] / mini  # each mini-batch's loss is already normalised
+        for k in ("entropy", "clip_frac", "kl", "value_clip_frac", "is_weight"):
+            if k in s:
+                out[k if k != "is_weight" else "is_weight_mean"] = s[k] / n
+        if "n" in s:
+            mean = s["adv"] / n
+            out.update(adv_mean=mean, adv_std=max(s["adv_sq"] / n - mean * mean, 0.0) ** 0.5,
+                       adv_max=mx["adv_max"], adv_min=-mx["adv_neg_min"], is_weight_max=mx["is_weight_max"],
+                       is_dropped_frac=s["is_dropped"] / n, behav_prox_logp_absdiff=s["behav_prox_absdiff"] / n,
+                       trained_tokens=s["n"])
+        return out
+
+    # ------------------------------------------------------------------ weights, checkpoints, export
+
+    def named_full_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """(Hugging Face name, full fp32 tensor) of every policy parameter, in a fixed order. Every rank
+        must iterate it (DTensor.full_tensor() is a collective); tied weights appear once."""
+        for name, p in self.policy.hf.named_parameters():
+            yield name, fsdp.full_tensor(p.detach())
+
+    def save_checkpoint(self, run_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Atomic checkpoint of the whole learner state at `self.step` (collective: every rank calls it)."""
+        return ckpt.save_checkpoint(
+            run_dir, model=self.policy, optimizer=self.optimizer, scheduler=self.scheduler, step=self.step,
+            policy_version=self.version, extra=extra or {}, keep=self.cfg.keep_checkpoints)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint (collective); returns its `extra` dict (e.g. the hub's commit point)."""
+        meta = ckpt.load_checkpoint(path, model=self.policy, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step, self.version = meta.step, meta.policy_version
+        return meta.extra
+
+    def export(self, out_dir: str | Path) -> Path:
+        """Plain Hugging Face folder of the current policy (collective; rank 0 writes)."""
+        return exp.export_hf(self.named_full_tensors(), self.policy.hf.config, self.model_path, out_dir,
+                             write=self.dist.rank == 0)
