@@ -9,9 +9,10 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
-from asyncrl.config.loader import ConfigError
-from asyncrl.config.run import load_run_config
+from asyncrl.config.loader import ConfigError, apply_overrides, from_dict, to_dict
+from asyncrl.config.run import RunConfig, load_run_config
 from launch.progress import Progress
 from asyncrl.rundir import load_config, save_config
 from launch.run_dir import make_run_dir
@@ -28,11 +29,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+EMBEDDED = Path(__file__).with_name("embedded.toml")
+
+
+def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
+    """The run's own config, with --set applied on top (e.g. learner.steps=200 to train longer)."""
+    return from_dict(RunConfig, apply_overrides(to_dict(load_config(run_dir)), overrides))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        cfg = load_config(args.resume) if args.resume else load_run_config(args.config, args.set)
+        cfg = resumed_config(args.resume, args.set) if args.resume else load_run_config(args.config or EMBEDDED, args.set)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

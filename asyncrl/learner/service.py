@@ -69,6 +69,7 @@ class LearnerService:
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.timeline = Timeline(self.run_dir, name)
         self.tokens_trained = 0
+        self.checkpointed_step = 0
         self.t0 = time.time()
 
     # ------------------------------------------------------------------ loop
@@ -81,12 +82,15 @@ class LearnerService:
             batch = self._wait_batch(step)
             if batch is None:  # asked to stop while waiting
                 break
+            if self.stop.is_set():
+                log.info("stop requested: finishing step %d, then checkpointing", step)
             metrics = self._train(batch)
             push = self._push()
-            self._checkpoint_if_due(step, final=step == steps or self.stop.is_set())
+            if step == steps or step % self.cfg.learner.checkpoint_every == 0:
+                self._checkpoint()
             self._report(step, batch, metrics, push)
-            if self.stop.is_set():
-                break
+        if self.trainer.step > self.checkpointed_step:  # stopped early: keep every finished step
+            self._checkpoint()
         if self.trainer.step >= steps:
             self.trainer.export(self.run_dir / "export")
 
@@ -104,6 +108,7 @@ class LearnerService:
         path = latest_checkpoint(self.run_dir)
         if path is not None:
             self.trainer.load_checkpoint(path)
+            self.checkpointed_step = self.trainer.step
             log.info("resumed from %s at step %d (policy version %d)", path, self.trainer.step, self.trainer.version)
         if self.rank == 0:
             self.hub.request(R.WeightVersion(version=self.trainer.version))
@@ -142,11 +147,11 @@ class LearnerService:
         else:
             self.sender.serve_joins(self.trainer.named_full_tensors, self.trainer.version)
 
-    def _checkpoint_if_due(self, step: int, final: bool) -> None:
-        if not final and step % self.cfg.learner.checkpoint_every:
-            return
+    def _checkpoint(self) -> None:
+        step = self.trainer.step
         with self.timeline.span("checkpoint"):
             self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step})
+        self.checkpointed_step = step
         if self.rank == 0:
             self.hub.request(R.CommitStep(step=step, policy_version=self.trainer.version))
 

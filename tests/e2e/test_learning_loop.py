@@ -1,0 +1,96 @@
+"""The whole system through the launcher on CPU: the embedded default learns, the synchronous mode
+trains only fresh samples, and a killed learner resumes without dropping or repeating a sample."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from asyncrl.config.model import resolve_model_path
+from asyncrl.config.model import ModelConfig
+from e2e_helpers import metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(run_dir: Path, *sets: str, resume: bool = False, wait: bool = True) -> subprocess.Popen:
+    args = ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "launch", *args, "--set", "launch.progress=false",
+           *[x for s in sets for x in ("--set", s)]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if wait:
+        out, _ = proc.communicate(timeout=400)
+        proc.output = out  # type: ignore[attr-defined]
+    return proc
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_embedded_default_learns_and_changes_every_parameter(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "learner.steps=80", "learner.checkpoint_every=40")
+    assert proc.returncode == 0, proc.output
+    ms = metrics(run_dir)
+    assert [m["step"] for m in ms] == list(range(1, 81))
+    rewards = [m["reward_mean"] for m in ms]
+    first, last = sum(rewards[:16]) / 16, sum(rewards[-16:]) / 16
+    assert last > first + 0.05, f"reward did not rise: first fifth {first:.3f}, last fifth {last:.3f}"
+    before = load_file(Path(resolve_model_path(ModelConfig())) / "model.safetensors")
+    after = load_file(run_dir / "export" / "model.safetensors")
+    assert set(before) == set(after)
+    unchanged = [k for k in before if torch.equal(before[k], after[k].to(before[k].dtype))]
+    assert not unchanged, f"parameters that did not change: {unchanged}"
+    acc = summary(run_dir)["accounting"]
+    assert acc["lost"] == 0 and acc["trained"] == sum(m["samples_trained"] for m in ms)
+    for key in ("step", "policy_version", "reward_mean", "samples_trained", "tokens_generated",
+                "staleness_mean", "staleness_max", "time_s", "hub"):
+        assert key in ms[-1], key
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    run = json.loads((run_dir / "run.json").read_text())
+    assert {"replay", "weights"} <= set(run["endpoints"])
+    assert {n.split("-")[0] for n in run["pids"]} == {"replay", "generator", "reward", "learner"}
+
+
+def test_synchronous_mode_trains_only_fresh_samples(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "hub.max_staleness=0", "learner.steps=5")
+    assert proc.returncode == 0, proc.output
+    for m in metrics(run_dir):
+        assert m["staleness_max"] == 0 and set(m["staleness_hist"]) == {"0"}, m
+    assert summary(run_dir)["accounting"]["lost"] == 0
+
+
+def test_killed_learner_resumes_without_dropping_or_repeating(tmp_path):
+    run_dir = tmp_path / "run"
+    sets = ("learner.steps=8", "learner.checkpoint_every=3")
+    proc = launch(run_dir, *sets, wait=False)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # wait until step 4 ran: one step past the checkpoint at 3
+        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 4:
+            break
+        time.sleep(0.2)
+    pid = json.loads((run_dir / "run.json").read_text())["pids"]["learner-0"]
+    os.killpg(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "learner-0 exited" in out, out
+    trained_before = [m["step"] for m in metrics(run_dir)]
+    resumed = launch(run_dir, *sets, resume=True)
+    assert resumed.returncode == 0, resumed.output
+    steps = [m["step"] for m in metrics(run_dir)]
+    redone = steps[len(trained_before):]
+    assert redone[0] <= 4 and redone[-1] == 8 and sorted(set(steps)) == list(range(1, 9))
+    acc = summary(run_dir)["accounting"]
+    per_step = {m["step"]: m["samples_trained"] for m in metrics(run_dir)}  # a redone step: its last run
+    assert acc["lost"] == 0 and acc["trained"] == sum(per_step.values()), (acc, per_step)
