@@ -1,0 +1,57 @@
+"""The launcher supervises: a crashed generator is restarted and rejoins with a full weight push;
+Ctrl-C stops the run cleanly after a final checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import metrics
+from test_learning_loop import launch, summary
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def wait_for_step(run_dir: Path, step: int, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= step:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"step {step} not reached in {timeout_s} s")
+
+
+def test_crashed_generator_is_restarted_and_gets_weights(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "learner.steps=10", wait=False)
+    wait_for_step(run_dir, 3)
+    pid = json.loads((run_dir / "run.json").read_text())["pids"]["generator-0"]
+    os.killpg(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    s = summary(run_dir)
+    assert s["restarts"]["generator-0"] == 1 and s["accounting"]["lost"] == 0
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, 11))
+    new_pid = json.loads((run_dir / "run.json").read_text())["pids"]["generator-0"]
+    assert new_pid != pid
+    late = [m for m in metrics(run_dir) if m["step"] >= 6]
+    assert all(int(max(m["staleness_hist"], key=int)) <= 1 for m in late)  # fresh weights after the rejoin
+
+
+def test_ctrl_c_checkpoints_and_stops(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "learner.steps=200", "learner.checkpoint_every=100", wait=False)
+    wait_for_step(run_dir, 2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    last = metrics(run_dir)[-1]["step"]
+    assert 2 <= last < 200
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert ckpts and ckpts[-1].endswith(str(last)), (ckpts, last)
+    assert summary(run_dir)["accounting"]["lost"] == 0
