@@ -1,0 +1,167 @@
+"""python -m bench.weight_sync [--shape 0.5b] [--pushes 5] [--bucket-mb 256]
+
+Pushes a random model's weights (bf16 on GPU, fp32 on CPU) from a learner-side WeightSender to one
+generator process (a receiver whose engine copies every tensor into its own preallocated parameters),
+and compares the achieved GB/s with a raw transfer of the same bytes on the same path in the same run:
+
+* two GPUs: NCCL broadcast between them (the reference is a raw NCCL broadcast of one bucket);
+* one GPU: CUDA IPC (reference: device-to-device copy bandwidth);
+* CPU: gloo broadcast (reference: a raw gloo broadcast of one bucket).
+
+Prints one JSON line: push_gbps (median over pushes after the first), reference_gbps, their ratio,
+phase times of the median push, shape, bytes, path, device, commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+from asyncrl.engine.protocol import EngineStats
+from asyncrl.weights.group import WeightGroup, connect_store, host_store
+from asyncrl.weights.receiver import WeightReceiver
+from asyncrl.weights.sender import WeightSender
+
+SHAPES = {  # name -> (hidden, layers, intermediate, vocab)
+    "tiny": (128, 2, 384, 1024),
+    "0.5b": (896, 24, 4864, 151936),
+    "1.5b": (1536, 28, 8960, 151936),
+}
+
+
+def named_shapes(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    h, layers, inter, vocab = SHAPES[shape]
+    kv = h // 7 if shape != "tiny" else h // 2  # 2 KV heads of a 14/12-head model, roughly
+    out = [("model.embed_tokens.weight", (vocab, h)), ("model.norm.weight", (h,))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [(p + "self_attn.q_proj.weight", (h, h)), (p + "self_attn.k_proj.weight", (kv, h)),
+                (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.o_proj.weight", (h, h)),
+                (p + "mlp.gate_proj.weight", (inter, h)), (p + "mlp.up_proj.weight", (inter, h)),
+                (p + "mlp.down_proj.weight", (h, inter)), (p + "input_layernorm.weight", (h,)),
+                (p + "post_attention_layernorm.weight", (h,))]
+    return out
+
+
+class SinkEngine:
+    """The receiving side's model: preallocated parameters that each update copies into."""
+
+    def __init__(self, shape: str, device: str, dtype: torch.dtype) -> None:
+        self.params = {n: torch.empty(s, device=device, dtype=dtype) for n, s in named_shapes(shape)}
+        self.weight_version = 0
+        self.updates = 0
+
+    def pause(self, mode: str) -> list:
+        return []
+
+    def resume(self) -> None: ...
+
+    def begin_weight_update(self) -> None: ...
+
+    def load_weights(self, named) -> None:
+        for name, t in named:
+            self.params[name].copy_(t)
+
+    def end_weight_update(self, version: int) -> None:
+        self.weight_version = version
+        self.updates += 1
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=0, waiting=0, tokens_generated=0, weight_version=self.weight_version)
+
+
+def receiver_main(endpoint: str, device: str, shape: str, dtype: str, pushes: int, ref: tuple[int, int, str]) -> None:
+    engine = SinkEngine(shape, device, getattr(torch, dtype))
+    rx = WeightReceiver(endpoint, "bench-generator", device, engine)
+    deadline = time.monotonic() + 600
+    while engine.updates < pushes and time.monotonic() < deadline:
+        rx.poll(0.05)
+    rx.close()
+    port, nbytes, backend = ref
+    if port:  # the raw reference transfer
+        group = WeightGroup(connect_store("127.0.0.1", port, 2, 60), group_name="ref", rank=1, world_size=2,
+                            backend=backend, timeout_s=60)
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        for _ in range(6):
+            group.wait(group.broadcast(buf), 60)
+        group.close()
+
+
+def reference_broadcast(store, nbytes: int, device: str, backend: str) -> float:
+    group = WeightGroup(store, group_name="ref", rank=0, world_size=2, backend=backend, timeout_s=60)
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    group.wait(group.broadcast(buf), 60)  # warm-up
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        group.wait(group.broadcast(buf), 60)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    group.close()
+    return nbytes / statistics.median(times) / 1e9
+
+
+def copy_bandwidth(nbytes: int, device: str) -> float:
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 2 * nbytes * 10 / (time.perf_counter() - t0) / 1e9  # read + write, like the rest of this repo
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.weight_sync", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="0.5b" if torch.cuda.is_available() else "tiny")
+    p.add_argument("--pushes", type=int, default=5)
+    p.add_argument("--bucket-mb", type=int, default=256)
+    args = p.parse_args(argv)
+    gpus = torch.cuda.device_count()
+    learner_dev, gen_dev = ("cuda:0", "cuda:1") if gpus >= 2 else ("cuda:0", "cuda:0") if gpus == 1 else ("cpu", "cpu")
+    path = "nccl" if gpus >= 2 else "cuda_ipc" if gpus == 1 else "gloo"
+    dtype = "bfloat16" if gpus else "float32"
+    bucket = args.bucket_mb << 20
+    ref_backend = {"nccl": "nccl", "gloo": "gloo"}.get(path)
+    torch.manual_seed(0)
+    weights = [(n, torch.randn(s, device=learner_dev, dtype=getattr(torch, dtype)) * 0.02) for n, s in named_shapes(args.shape)]
+    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
+    ref_bytes = min(bucket, nbytes)  # one bucket's worth, as the push moves it
+    ref_store = host_store("127.0.0.1", 2, 60) if ref_backend else None
+    sender = WeightSender("tcp://127.0.0.1:0", device=learner_dev, bucket_bytes=bucket, timeout_s=120)
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=receiver_main, args=(sender.endpoint, gen_dev, args.shape, dtype, args.pushes + 1,
+                                                   (ref_store.port if ref_store else 0, ref_bytes, ref_backend or "")))
+    proc.start()
+    sender.wait_for_joins(1, 120)
+    reports = [sender.push(iter(weights), v).as_dict() for v in range(1, args.pushes + 2)]
+    sender.close()
+    ref = (reference_broadcast(ref_store, ref_bytes, learner_dev, ref_backend) if ref_store
+           else copy_bandwidth(ref_bytes, learner_dev))
+    proc.join(120)
+    timed = sorted(reports[1:], key=lambda r: r["total_s"])
+    mid = timed[len(timed) // 2]
+    gbps = nbytes / mid["total_s"] / 1e9
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(json.dumps({
+        "bench": "weight_sync", "path": path, "shape": args.shape, "dtype": dtype, "bytes": nbytes,
+        "bucket_mb": args.bucket_mb, "push_gbps": round(gbps, 3), "reference_gbps": round(ref, 3),
+        "fraction_of_reference": round(gbps / ref, 3), "median_push": {k: v for k, v in mid.items() if k.endswith("_s")},
+        "pushes": args.pushes, "device": torch.cuda.get_device_name(0) if gpus else "cpu", "gpus": gpus,
+        "torch": torch.__version__, "commit": commit,
+    }))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
