@@ -7,6 +7,7 @@ through its `finally`. A second signal exits at once.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
@@ -43,3 +44,12 @@ def setup_logging(name: str, level: int = logging.INFO) -> logging.Logger:
     logging.basicConfig(stream=sys.stderr, level=level,
                         format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s")
     return logging.getLogger(name)
+
+
+def service_args(description: str) -> argparse.Namespace:
+    """The arguments the launcher gives a device-bound service: --run-dir, --name, --device."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--run-dir", required=True, help="run directory: config.json and run.json (endpoints)")
+    p.add_argument("--name", required=True, help="process name, e.g. generator-0")
+    p.add_argument("--device", default="cpu", help='"cpu", "cuda:0", ...')
+    return p.parse_args()

@@ -6,21 +6,15 @@ python -m services.learner --run-dir DIR --name learner-0 --device cpu
 
 from __future__ import annotations
 
-import argparse
-
 import torch.distributed as dist
 
 from asyncrl.learner.service import LearnerService, init_distributed
-from asyncrl.lifecycle import StopFlag, setup_logging
+from asyncrl.lifecycle import StopFlag, service_args, setup_logging
 from asyncrl.rundir import load_config, read_run_json
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--name", required=True)
-    p.add_argument("--device", default="cpu")
-    args = p.parse_args()
+    args = service_args("asyncrl learner rank")
     log = setup_logging(args.name)
     stop = StopFlag().install()
     cfg = load_config(args.run_dir)

@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Literal, Self
-from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import torch
@@ -35,6 +34,9 @@ from tests.doubles.sglang_double_generate import BadRequest, Req, parse_generate
 from tests.doubles.sglang_double_weights import NOT_FOUND
 from tests.doubles.sglang_double_weights import ROUTES as weight_routes
 from tests.doubles.sglang_ranks import FakeRanks
+from tests.doubles.sglang_transport import Crashed as _Crashed
+from tests.doubles.sglang_transport import Handler as _Handler
+from tests.doubles.sglang_transport import encode as _encode
 
 FLUSH_OK = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
 
@@ -57,9 +59,6 @@ class DoubleConfig:
     block_timeout_s: float = 20.0  # longest any request waits on pause / writer lock / idle
     seed: int = 0
 
-
-class _Crashed(Exception):
-    """The fake server process is gone: connections are dropped without an answer."""
 
 
 class SGLangDouble:
@@ -359,45 +358,3 @@ class SGLangDouble:
                 with self.cond:
                     self._writer = False
                     self.cond.notify_all()
-
-
-def _encode(status: int, payload: Any) -> tuple[int, str, bytes]:
-    if isinstance(payload, bytes):
-        return status, "text/plain; charset=utf-8", payload
-    if isinstance(payload, str):
-        return status, "text/plain; charset=utf-8", payload.encode()
-    return status, "application/json", json.dumps(payload).encode()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-    def do_PUT(self) -> None:
-        self._serve("POST")
-
-    def _serve(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        url = urlsplit(self.path)
-        double: SGLangDouble = self.server.double  # type: ignore[attr-defined]
-        try:
-            status, ctype, data = double.handle(
-                method, url.path, parse_qs(url.query), self.headers.get("Authorization"), raw
-            )
-        except _Crashed:
-            self.close_connection = True  # no answer: the client sees the connection drop
-            return
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
