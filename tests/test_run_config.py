@@ -1,0 +1,34 @@
+"""The launch surface: one config file plus --set overrides; knobs live in component sections."""
+
+import dataclasses
+
+import pytest
+
+from asyncrl.config.loader import ConfigError
+from asyncrl.config.run import RunConfig, load_run_config
+from launch.__main__ import EMBEDDED
+
+
+def test_top_level_sections_are_the_components():
+    # A new knob belongs in its component's config, not in a new top-level section or the launcher.
+    assert [f.name for f in dataclasses.fields(RunConfig)] == [
+        "model", "batch", "task", "hub", "generator", "reward", "learner", "launch"]
+
+
+def test_embedded_preset_loads_and_overrides_apply():
+    cfg = load_run_config(EMBEDDED, ["learner.steps=3", "batch.prompts_per_step=2"])
+    assert cfg.model.path == "embedded" and cfg.learner.steps == 3
+    assert cfg.batch.samples_per_step == 2 * cfg.batch.samples_per_prompt
+
+
+@pytest.mark.parametrize("override, words", [
+    ("learner.stepz=3", ["learner.stepz", "allowed keys"]),
+    ("hub.max_staleness=-1", ["hub.max_staleness", ">= 0"]),
+    ("generator.count=0", ["generator.count"]),
+    ("generator.max_running=4", ["max_running", "samples_per_prompt"]),  # contradicts batch.samples_per_prompt=8
+    ("nosuch.key=1", ["nosuch"]),
+])
+def test_bad_values_name_the_key(override, words):
+    with pytest.raises(ConfigError) as e:
+        load_run_config(EMBEDDED, [override])
+    assert all(w in str(e.value) for w in words), str(e.value)
