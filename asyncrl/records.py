@@ -243,6 +243,25 @@ class ScoredBatch:
 
 
 @dataclass(kw_only=True, slots=True)
+class ScoreResult:
+    """The score of one sample, named by id: the hub keeps its own copy of the sample."""
+
+    prompt_id: str
+    sample_index: int
+    reward: float  # weighted sum of components (0.0 when failed)
+    components: dict[str, float] = field(default_factory=dict)
+    status: ScoreStatus = ScoreStatus.OK
+    reason: str = ""  # why it failed
+
+
+@dataclass(kw_only=True, slots=True)
+class ScoredIds:
+    """Scores sent back by id (what reward workers send; `ScoredBatch` still works, at a higher cost)."""
+
+    scores: list[ScoreResult]
+
+
+@dataclass(kw_only=True, slots=True)
 class BatchRequest:
     """The learner asks for the batch of `step` (blocks until it can be formed)."""
 

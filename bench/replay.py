@@ -1,18 +1,26 @@
 """Replay hub throughput: samples/s through a live hub process, end to end, over loopback.
 
     python -m bench.replay [--steps 96] [--prompts-per-step 32] [--n 8] [--tokens 1024] [--log]
+    python -m bench.replay --both-logs --repeat 5 --baseline /tmp/base   # before/after, log on/off
+
+`--baseline DIR` runs the same bench with the hub and the peers importing asyncrl from the source tree
+DIR instead (e.g. `git worktree add /tmp/base HEAD`), interleaved with this tree's runs, so a change is
+measured against its parent in one invocation under the same machine load. `--repeat N` runs each
+configuration N times and prints its median run (with every run's samples_per_s). One JSON line per
+configuration.
 
 The hub (services.replay) runs in its own process pinned to one core. Three peer processes, pinned to
 the other cores, drive it like a run does:
 
     producer (generator-like): LeaseRequest → SampleBatch of n samples per prompt, 1k response tokens
         with logprobs and per-token versions
-    scorer (reward-like): ScoreRequest → ScoredBatch (reward 1.0; sends the sample back by id, without
-        its arrays — the hub keeps its own copy)
+    scorer (reward-like): ScoreRequest → ScoredIds (reward 1.0, by sample id as `asyncrl.reward` does;
+        the hub keeps its own copy of each sample)
     learner: BatchRequest(step) → WeightVersion(step) → CommitStep(step)
 
 Prints one JSON line: samples_per_s (trained samples / wall time from first lease to last commit),
-hub_samples_per_cpu_s (trained samples / CPU seconds the hub process used: its one-core capacity),
+hub_samples_per_cpu_s (trained samples / CPU seconds the hub process used after start-up, its ZeroMQ
+I/O thread included: its one-core capacity),
 p50/p99 latency of SampleBatch round trips (one message per lease) and of a sample from send to its batch, and context.
 """
 
@@ -26,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 
@@ -77,19 +86,26 @@ def producer(endpoint: str, args: argparse.Namespace) -> dict:
 
 def scorer(endpoint: str, args: argparse.Namespace) -> dict:
     peer = HubPeer(endpoint, "bench-reward", timeout_s=60)
-    empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
     scored = 0
     while scored < args.steps * args.prompts_per_step * args.n:
         todo = peer.request(R.ScoreRequest(worker="bench-reward", max_samples=512, wait_s=0.5))
-        slim = [R.ScoredSample(sample=R.Sample(prompt_id=it.sample.prompt_id, sample_index=it.sample.sample_index,
-                                               prompt_token_ids=empty_i, response_token_ids=empty_i, logprobs=empty_f,
-                                               versions=empty_i, finish_reason=it.sample.finish_reason), reward=1.0)
-                for it in todo.items]
-        if slim:
-            peer.request(R.ScoredBatch(scored=slim))
-        scored += len(slim)
+        ids = [(it.sample.prompt_id, it.sample.sample_index) for it in todo.items]
+        if ids:
+            peer.request(_scores_message(ids))
+        scored += len(ids)
     peer.close()
     return {"scored": scored}
+
+
+def _scores_message(ids: list[tuple[str, int]]) -> object:
+    """Reward 1.0 for each id: ScoredIds, or a slim ScoredBatch (empty arrays) where the tree under test
+    predates ScoredIds."""
+    if hasattr(R, "ScoredIds"):
+        return R.ScoredIds(scores=[R.ScoreResult(prompt_id=p, sample_index=i, reward=1.0) for p, i in ids])
+    empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
+    return R.ScoredBatch(scored=[R.ScoredSample(sample=R.Sample(
+        prompt_id=p, sample_index=i, prompt_token_ids=empty_i, response_token_ids=empty_i, logprobs=empty_f,
+        versions=empty_i, finish_reason=R.FinishReason.STOP), reward=1.0) for p, i in ids])
 
 
 def learner(endpoint: str, args: argparse.Namespace) -> dict:
@@ -108,14 +124,14 @@ def learner(endpoint: str, args: argparse.Namespace) -> dict:
     return {"trained": trained, "t_end": time.time(), "latency": lat}
 
 
-def start_hub(run_dir: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def start_hub(run_dir: str, args: argparse.Namespace, src: str) -> tuple[subprocess.Popen, str]:
     sets = [f"batch.prompts_per_step={args.prompts_per_step}", f"batch.samples_per_prompt={args.n}",
             f"generator.max_running={max(64, args.n)}", f"hub.max_staleness={args.max_staleness}",
             f"hub.log={'true' if args.log else 'false'}", "hub.fsync=batch"]
     cmd = [sys.executable, "-m", "services.replay", "--run-dir", run_dir, "--endpoint", "tcp://127.0.0.1:0"]
     for s in sets:
         cmd += ["--set", s]
-    hub = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    hub = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=src, env=_env(src),
                            preexec_fn=lambda: pin([args.hub_core]))
     line = hub.stdout.readline()  # type: ignore[union-attr]
     return hub, json.loads(line)["endpoint"]
@@ -124,19 +140,32 @@ def start_hub(run_dir: str, args: argparse.Namespace) -> tuple[subprocess.Popen,
 ROLES = {"producer": producer, "scorer": scorer, "learner": learner}
 
 
-def start_peer(role: str, endpoint: str, argv: list[str], cores: list[int]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "bench.replay", "--role", role, "--endpoint", endpoint, *argv]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: pin(cores))
+def start_peer(role: str, endpoint: str, args: argparse.Namespace, src: str) -> subprocess.Popen:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--endpoint", endpoint, *_run_argv(args)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=src, env=_env(src),
+                            preexec_fn=lambda: pin(args.peer_cores))
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> dict:
+def _env(src: str) -> dict[str, str]:
+    """Environment whose `import asyncrl` (and `services`) resolves in the source tree `src`."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+def _run_argv(args: argparse.Namespace) -> list[str]:
+    """The options of one run, for its peer processes."""
+    return [f"--steps={args.steps}", f"--prompts-per-step={args.prompts_per_step}", f"--n={args.n}",
+            f"--tokens={args.tokens}", f"--lease-prompts={args.lease_prompts}", f"--max-staleness={args.max_staleness}"]
+
+
+def run(args: argparse.Namespace, src: str) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        hub, endpoint = start_hub(run_dir, args)
+        hub, endpoint = start_hub(run_dir, args, src)
         try:
-            peers = {role: start_peer(role, endpoint, argv, args.peer_cores) for role in ROLES}
+            cpu_at_start = _cpu_seconds(hub.pid)  # imports and binding are not per-sample cost
+            peers = {role: start_peer(role, endpoint, args, src) for role in ROLES}
             results = {role: json.loads(p.communicate(timeout=600)[0]) for role, p in peers.items()}
             log_bytes = (Path(run_dir) / "replay.log").stat().st_size if args.log else 0
-            hub_cpu_s = _cpu_seconds(hub.pid)
+            hub_cpu_s = _cpu_seconds(hub.pid) - cpu_at_start
         finally:
             hub.terminate()
             hub.wait(10)
@@ -154,8 +183,27 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                     "prompts_per_step": args.prompts_per_step, "steps": args.steps,
                     "samples_per_message": args.n * args.lease_prompts, "max_staleness": args.max_staleness, "log": args.log,
                     "log_mb": round(log_bytes / 1e6, 1), "hub_core": args.hub_core, "peer_cores": args.peer_cores,
-                    "cpu": _cpu(), "cpus": os.cpu_count(), "commit": _commit(), "date": time.strftime("%Y-%m-%d")},
+                    "cpu": _cpu(), "cpus": os.cpu_count(), "commit": _commit(src), "src": src,
+                    "date": time.strftime("%Y-%m-%d")},
     }
+
+
+def compare(args: argparse.Namespace) -> list[dict]:
+    """Every configuration (source tree x log on/off) `args.repeat` times, interleaved; median runs."""
+    here = str(Path(__file__).resolve().parents[1])
+    trees = ([("baseline", str(Path(args.baseline).resolve()))] if args.baseline else []) + [("this", here)]
+    logs = [False, True] if args.both_logs else [args.log]
+    runs: dict[tuple[str, bool], list[dict]] = {(t, log): [] for t, _ in trees for log in logs}
+    for _ in range(args.repeat):
+        for tree, src in trees:
+            for log in logs:
+                runs[(tree, log)].append(run(argparse.Namespace(**{**vars(args), "log": log}), src))
+    out = []
+    for (tree, _), rs in runs.items():
+        best = sorted(rs, key=lambda r: r["samples_per_s"])[len(rs) // 2]
+        out.append({**best, "tree": tree, "runs_samples_per_s": [r["samples_per_s"] for r in rs],
+                    "median_hub_samples_per_cpu_s": median(r["hub_samples_per_cpu_s"] or 0.0 for r in rs)})
+    return out
 
 
 def _ms(xs: list[float], q: int) -> float:
@@ -181,9 +229,11 @@ def _cpu() -> str:
     return ""
 
 
-def _commit() -> str:
+def _commit(src: str) -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=src)
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=True, cwd=src)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return ""
 
@@ -197,6 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lease-prompts", type=int, default=16)
     ap.add_argument("--max-staleness", type=int, default=4)
     ap.add_argument("--log", action=argparse.BooleanOptionalAction, default=True, help="hub writes its log")
+    ap.add_argument("--both-logs", action="store_true", help="run each configuration with and without the log")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median run is printed")
+    ap.add_argument("--baseline", default=None, metavar="DIR", help="also run from the source tree DIR, interleaved")
     ap.add_argument("--hub-core", type=int, default=0)
     ap.add_argument("--role", choices=sorted(ROLES), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", default=None, help=argparse.SUPPRESS)
@@ -207,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     args.peer_cores = [c for c in cores if c != args.hub_core] or cores
-    print(json.dumps(run(args, argv)))
+    for line in compare(args):
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from asyncrl.replay.config import HubConfig
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.peers import PeerTable
 from asyncrl.replay.scoring import ScoreDispatch
-from asyncrl.replay.state import ScoreResult
 from asyncrl.replay.stats import hub_stats
 
 log = logging.getLogger("asyncrl.replay")
@@ -59,7 +58,8 @@ class HubCore:
         self.shutdown = False
         self.handlers: dict[type, Callable[[Envelope, Any, Any, float], Any]] = {
             R.SubmitPrompts: self._submit, R.LeaseRequest: self._lease, R.SampleBatch: self._samples,
-            R.ReturnPrompts: self._return, R.ScoreRequest: self._score_request, R.ScoredBatch: self._scored,
+            R.ReturnPrompts: self._return, R.ScoreRequest: self._score_request, R.ScoredIds: self._scored_ids,
+            R.ScoredBatch: self._scored,
             R.BatchRequest: self._batch, R.CommitStep: self._commit, R.WeightVersion: self._version,
             R.Heartbeat: self._heartbeat, R.FatalError: self._fatal, R.Shutdown: self._shutdown,
             R.StatsRequest: self._stats,
@@ -69,10 +69,10 @@ class HubCore:
 
     def handle(self, envelope: Envelope, frame: Any, now: float) -> None:
         """One request frame (bytes or a zmq.Frame) from the peer behind `envelope`."""
-        data = frame.bytes if hasattr(frame, "bytes") else bytes(frame)  # owned: samples keep views into it
+        data = memoryview(frame)  # no copy: stored samples keep views into it (a zmq.Frame is never reused)
         self.counters["requests"] += 1
         try:
-            msg, packed = wire.decode_with_raw(data, self.cfg.max_frame_bytes)
+            msg = wire.decode_packed(data, self.cfg.max_frame_bytes)
         except wire.WireError as e:
             kind = wire.message_type(data) if len(data) <= self.cfg.max_frame_bytes else ""
             return self._reject_frame(envelope, str(e), kind)
@@ -81,7 +81,7 @@ class HubCore:
             return self._reject_frame(envelope, f"{type(msg).__name__} is not a request the hub serves",
                                       type(msg).__name__)
         try:
-            reply = handler(envelope, data, msg, now) if not packed else self._samples(envelope, data, msg, now, packed)
+            reply = handler(envelope, data, msg, now)
         except ValueError as e:
             self.counters["rejected_requests"] += 1
             if _worth_logging(self.counters["rejected_requests"]):
@@ -153,8 +153,8 @@ class HubCore:
         return R.Lease(lease_id=entry.lease_id, prompts=prompts, policy_version=self.state.version,
                        expires_in_s=self.cfg.lease_timeout_s)
 
-    def _samples(self, env: Envelope, frame: Any, msg: R.SampleBatch, now: float, packed: Any = None) -> R.Ack:
-        out = self.journal.add_samples(frame, msg, packed)
+    def _samples(self, env: Envelope, frame: Any, msg: R.SampleBatch, now: float) -> R.Ack:
+        out = self.journal.add_samples(frame, msg)
         self.dispatch.add(out.accepted)
         if out.rejected:
             self.counters["rejected_sample_batches"] += 1
@@ -173,12 +173,19 @@ class HubCore:
         return self._try_score(env, msg, now) or self._park(env, msg, now)
 
     def _try_score(self, env: Envelope, msg: R.ScoreRequest, now: float) -> bytes | None:
-        items, raw = self.dispatch.take(self.state, msg.max_samples, now)
-        return wire.encode(R.ToScore(items=items), raw) if items else None
+        items = self.dispatch.take(self.state, msg.max_samples, now)
+        return wire.encode(R.ToScore(items=items)) if items else None
 
     def _scored(self, env: Envelope, frame: Any, msg: R.ScoredBatch, now: float) -> R.Ack:
-        results = [ScoreResult(prompt_id=s.sample.prompt_id, sample_index=s.sample.sample_index, reward=s.reward,
-                               components=s.components, status=s.status, reason=s.reason) for s in msg.scored]
+        """Scores with whole samples attached (older reward workers): only the ids are used."""
+        return self._score([R.ScoreResult(prompt_id=s.sample.prompt_id, sample_index=s.sample.sample_index,
+                                          reward=s.reward, components=s.components, status=s.status, reason=s.reason)
+                            for s in msg.scored])
+
+    def _scored_ids(self, env: Envelope, frame: Any, msg: R.ScoredIds, now: float) -> R.Ack:
+        return self._score(msg.scores)
+
+    def _score(self, results: list[R.ScoreResult]) -> R.Ack:
         out = self.journal.score(results)
         for scored in out.scored:
             self._notify(scored)
@@ -211,20 +218,9 @@ class HubCore:
             if not self._form(msg.step):
                 return None
         frame = self.batch_frames.get(msg.step)
-        if frame is None:
-            frame = self.batch_frames[msg.step] = self._encode_batch(msg.step)
+        if frame is None:  # encoded once (the samples spliced in as they arrived), re-sent as it is
+            frame = self.batch_frames[msg.step] = wire.encode(book.delivered[msg.step])
         return frame
-
-    def _encode_batch(self, step: int) -> bytes:
-        """Encode a delivered batch, splicing in the samples' wire bytes as they arrived."""
-        raw: dict[int, Any] = {}
-        for group in self.state.book.delivered[step].groups:
-            entry = self.state.groups[group.prompt.prompt_id]
-            for scored in group.samples:
-                packed = entry.packed[scored.sample.sample_index]
-                if packed is not None:
-                    raw[id(scored.sample)] = packed
-        return wire.encode(self.state.book.delivered[step], raw)
 
     def _form(self, step: int) -> bool:
         book = self.state.book

@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass, field
 
 from asyncrl.records import Prompt, Sample, SampleState, ScoredSample
+from asyncrl.wire import PackedSample
 
 NEVER_STALE = 1 << 62  # min version of an empty response: nothing in it can be stale
 
@@ -35,10 +36,9 @@ class GroupEntry:
     phase: Phase = Phase.QUEUED
     lease_id: str = ""  # lease holding it while OUT with samples still leased
     states: list[SampleState] = field(default_factory=list)  # [n]
-    samples: list[Sample | None] = field(default_factory=list)  # [n], set once generated
+    samples: list[PackedSample | Sample | None] = field(default_factory=list)  # [n], set once generated (wire bytes)
     min_versions: list[int] = field(default_factory=list)  # [n] oldest token version per sample
     scored: list[ScoredSample | None] = field(default_factory=list)  # [n], set once scored
-    packed: list[bytes | memoryview | None] = field(default_factory=list)  # [n] wire bytes of each sample
     checked_min: int = -NEVER_STALE  # highest min_version it was pruned against (skips re-scans)
 
     @classmethod
@@ -50,7 +50,6 @@ class GroupEntry:
             samples=[None] * n,
             min_versions=[NEVER_STALE] * n,
             scored=[None] * n,
-            packed=[None] * n,
         )
 
     def indices(self, state: SampleState) -> list[int]:

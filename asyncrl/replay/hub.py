@@ -106,7 +106,7 @@ class Hub:
         outbox, self.core.outbox = self.core.outbox, []
         for envelope, msg in outbox:
             try:
-                self.raw.send_multipart([*envelope, _frame(msg)], zmq.NOBLOCK)
+                self.raw.send_multipart([*envelope, _frame(msg)], zmq.NOBLOCK, copy=False)  # large: no copy
             except zmq.Again:
                 self.unsent += 1
             except zmq.ZMQError as e:  # e.g. EHOSTUNREACH for a peer that left

@@ -1,8 +1,9 @@
 """`Journal`: the hub's state plus its log. Every mutation is applied, then logged with its arguments.
 
 One log record per mutation, ``[kind, *args]`` as msgpack (`asyncrl.wire.encode_record`); requests that
-carry records (SubmitPrompts, SampleBatch) are logged as the network frame they arrived in, so the
-hot path never re-encodes samples. `Journal.open(path)` replays the log through the same `HubState`
+carry records (SubmitPrompts, SampleBatch) are logged as the network frame they arrived in, written
+from the received buffer as it is (`wire.log_record_parts`), so the hot path never re-encodes or
+copies samples. `Journal.open(path)` replays the log through the same `HubState`
 methods, which are deterministic in their arguments, so a restart rebuilds the same state. A mutation
 that raised is not logged (it changed nothing).
 
@@ -18,7 +19,7 @@ from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.replay.leases import LeaseEntry
 from asyncrl.replay.log import LogWriter, iter_records
-from asyncrl.replay.state import HubState, Outcome, ScoreResult
+from asyncrl.replay.state import HubState, Outcome
 
 
 class Journal:
@@ -39,6 +40,10 @@ class Journal:
         if self.writer is not None:
             self.writer.append(wire.encode_record(list(record)))
 
+    def _log_frame(self, kind: str, frame: bytes | memoryview) -> None:
+        if self.writer is not None:
+            self.writer.append(*wire.log_record_parts(kind, frame))
+
     def sync(self) -> None:
         if self.writer is not None:
             self.writer.sync()
@@ -49,9 +54,9 @@ class Journal:
 
     # -- logged mutations (same signatures as HubState, plus the raw frame where one exists)
 
-    def submit(self, frame: bytes, msg: R.SubmitPrompts) -> list[str]:
+    def submit(self, frame: bytes | memoryview, msg: R.SubmitPrompts) -> list[str]:
         ids = self.state.submit(msg.prompts)
-        self._log("submit", frame)
+        self._log_frame("submit", frame)
         return ids
 
     def grant(self, generator: str, count: int, now: float, ttl_s: float) -> tuple[LeaseEntry, list[R.Prompt]] | None:
@@ -60,9 +65,9 @@ class Journal:
             self._log("grant", generator, count, now, ttl_s)
         return got
 
-    def add_samples(self, frame: bytes, msg: R.SampleBatch, packed: list[Any] | None = None) -> Outcome:
-        out = self.state.add_samples(msg.lease_id, msg.samples, packed)
-        self._log("samples", frame)
+    def add_samples(self, frame: bytes | memoryview, msg: R.SampleBatch) -> Outcome:
+        out = self.state.add_samples(msg.lease_id, msg.samples)
+        self._log_frame("samples", frame)
         return out
 
     def return_prompts(self, lease_id: str, prompt_ids: list[str]) -> int:
@@ -78,7 +83,7 @@ class Journal:
         self._log("expire", now)
         return n
 
-    def score(self, results: list[ScoreResult]) -> Outcome:
+    def score(self, results: list[R.ScoreResult]) -> Outcome:
         out = self.state.score(results)
         self._log("score", [_pack_score(r) for r in results])
         return out
@@ -105,13 +110,13 @@ class Journal:
         self._log("version", version)
 
 
-def _pack_score(r: ScoreResult) -> list[Any]:
+def _pack_score(r: R.ScoreResult) -> list[Any]:
     return [r.prompt_id, r.sample_index, r.reward, r.components, r.status.value, r.reason]
 
 
-def _unpack_score(v: list[Any]) -> ScoreResult:
+def _unpack_score(v: list[Any]) -> R.ScoreResult:
     pid, idx, reward, components, status, reason = v
-    return ScoreResult(prompt_id=pid, sample_index=idx, reward=reward, components=components,
+    return R.ScoreResult(prompt_id=pid, sample_index=idx, reward=reward, components=components,
                        status=R.ScoreStatus(status), reason=reason)
 
 
@@ -123,8 +128,8 @@ def apply(state: HubState, record: list[Any]) -> None:
     elif kind == "grant":
         state.grant(*args)
     elif kind == "samples":
-        msg, packed = wire.decode_with_raw(args[0])
-        state.add_samples(msg.lease_id, msg.samples, packed)
+        msg = wire.decode_packed(args[0])
+        state.add_samples(msg.lease_id, msg.samples)
     elif kind == "return":
         state.return_prompts(*args)
     elif kind == "expire":

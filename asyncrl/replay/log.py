@@ -71,13 +71,19 @@ class LogWriter:
         self.records = 0
         self.bytes = end
 
-    def append(self, payload: bytes) -> None:
-        if len(payload) > MAX_RECORD_BYTES:
-            raise ValueError(f"log record of {len(payload)} bytes > {MAX_RECORD_BYTES}")
-        self._file.write(HEADER.pack(len(payload), zlib.crc32(payload)))
-        self._file.write(payload)
+    def append(self, *parts: bytes | memoryview) -> None:
+        """One record whose payload is the concatenation of `parts` (written as they are, not joined)."""
+        length, crc = 0, 0
+        for p in parts:
+            length += len(p)
+            crc = zlib.crc32(p, crc)
+        if length > MAX_RECORD_BYTES:
+            raise ValueError(f"log record of {length} bytes > {MAX_RECORD_BYTES}")
+        self._file.write(HEADER.pack(length, crc))
+        for p in parts:
+            self._file.write(p)
         self.records += 1
-        self.bytes += HEADER.size + len(payload)
+        self.bytes += HEADER.size + length
         self._dirty = True
         if self.fsync == "always":
             self.sync()

@@ -12,7 +12,6 @@ of a sample that is no longer `generated` is rejected by `HubState.score`, so no
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from asyncrl.records import ToScoreItem
 from asyncrl.replay.state import HubState
@@ -29,22 +28,18 @@ class ScoreDispatch:
     def add(self, keys: list[Key]) -> None:
         self.fresh.extend(keys)
 
-    def take(self, state: HubState, max_samples: int, now: float) -> tuple[list[ToScoreItem], dict[int, Any]]:
-        """Up to `max_samples` items, and id(sample) -> its wire bytes where the hub kept them."""
+    def take(self, state: HubState, max_samples: int, now: float) -> list[ToScoreItem]:
+        """Up to `max_samples` items (their samples as the hub keeps them: wire bytes, spliced on send)."""
         self._recycle(state, now)
         items: list[ToScoreItem] = []
-        raw: dict[int, Any] = {}
         while self.fresh and len(items) < max_samples:
             key = self.fresh.popleft()
             g = state.sample(*key)
             if g is None:  # scored meanwhile (late worker) or no longer live
                 continue
-            sample, packed = g.samples[key[1]], g.packed[key[1]]
-            items.append(ToScoreItem(sample=sample, reward=g.prompt.reward))  # type: ignore[arg-type]
-            if packed is not None:
-                raw[id(sample)] = packed
+            items.append(ToScoreItem(sample=g.samples[key[1]], reward=g.prompt.reward))  # type: ignore[arg-type]
             self.out.append((now + self.ttl_s, key))
-        return items, raw
+        return items
 
     def has_work(self, state: HubState, now: float) -> bool:
         self._recycle(state, now)

@@ -19,26 +19,15 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
-from asyncrl.records import Batch, Group, Prompt, Sample, SampleState, ScoredSample, ScoreStatus
+
+from asyncrl.records import Batch, Group, Prompt, Sample, SampleState, ScoredSample, ScoreResult, ScoreStatus
+from asyncrl.wire import PackedSample
 from asyncrl.replay.batches import BatchBook
 from asyncrl.replay.counts import SampleCounts
 from asyncrl.replay.groups import NEVER_STALE, GroupEntry, Phase
 from asyncrl.replay.leases import LeaseEntry, LeaseTable
 
 S = SampleState
-
-
-@dataclass(kw_only=True, slots=True)
-class ScoreResult:
-    """The score of one sample, by id (the hub keeps its own copy of the sample)."""
-
-    prompt_id: str
-    sample_index: int
-    reward: float
-    components: dict[str, float] = field(default_factory=dict)
-    status: ScoreStatus = ScoreStatus.OK
-    reason: str = ""
 
 
 @dataclass(slots=True)
@@ -124,13 +113,13 @@ class HubState:
         self._check()
         return entry, [self.groups[pid].prompt for pid in take]
 
-    def add_samples(self, lease_id: str, samples: list[Sample], packed: list[Any] | None = None) -> Outcome:
+    def add_samples(self, lease_id: str, samples: list[PackedSample] | list[Sample]) -> Outcome:
         """Generated samples of a lease; anything not leased under it is rejected with a reason.
 
-        `packed`: each sample's wire bytes (kept to forward it without encoding it again)."""
+        The hub passes `PackedSample`s (kept as their wire bytes); tests may pass `Sample`s."""
         out = Outcome()
         entry = self.leases.get(lease_id)
-        for k, s in enumerate(samples):
+        for s in samples:
             reason = self._sample_reject_reason(entry, s)
             if reason:
                 out.rejected[reason] += 1
@@ -138,8 +127,7 @@ class HubState:
             g = self.groups[s.prompt_id]
             self._set(g, s.sample_index, S.LEASED, S.GENERATED)
             g.samples[s.sample_index] = s
-            g.packed[s.sample_index] = packed[k] if packed else None
-            g.min_versions[s.sample_index] = int(s.versions.min()) if len(s.versions) else NEVER_STALE
+            g.min_versions[s.sample_index] = _oldest_version(s)
             out.accepted.append((s.prompt_id, s.sample_index))
             if not g.count(S.LEASED):
                 g.lease_id = ""
@@ -257,7 +245,7 @@ class HubState:
 
     # ------------------------------------------------------------------------------------- helpers
 
-    def _sample_reject_reason(self, entry: LeaseEntry | None, s: Sample) -> str:
+    def _sample_reject_reason(self, entry: LeaseEntry | None, s: PackedSample | Sample) -> str:
         if entry is None:
             return "expired_lease"
         g = self.groups.get(s.prompt_id)
@@ -313,6 +301,13 @@ class HubState:
     def _check(self) -> None:
         self.counts.check()
         assert self.admitted >= 0, f"admitted={self.admitted} < 0"
+
+
+def _oldest_version(s: PackedSample | Sample) -> int:
+    """Oldest policy version among a sample's tokens (NEVER_STALE for an empty response)."""
+    if type(s) is PackedSample:
+        return NEVER_STALE if s.min_version is None else s.min_version
+    return int(s.versions.min()) if len(s.versions) else NEVER_STALE
 
 
 def _first_duplicate(ids: list[str]) -> str | None:

@@ -2,7 +2,8 @@
 
     hub ──ToScore──► RewardWorker ──► Scorer (inline rules │ threads │ process pool │ http)
      ▲                    │ up to reward.max_inflight samples scored at once
-     └──ScoredBatch───────┘  (finished ones are sent every round, in any order)
+     └──ScoredIds─────────┘  (finished ones are sent every round, in any order, by sample id: the hub
+                              keeps its own copy of each sample)
 
 The worker asks only for as many samples as it has free slots (credit), so the hub never hands it more
 than it can score; while samples are in flight it polls without waiting and otherwise long-polls for
@@ -21,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from asyncrl.peer import HubError
-from asyncrl.records import Heartbeat, ScoredBatch, ScoredSample, ScoreRequest, ScoreStatus, ToScoreItem
+from asyncrl.records import (Heartbeat, ScoredIds, ScoredSample, ScoreRequest, ScoreResult, ScoreStatus,
+                             ToScoreItem)
 from asyncrl.reward.config import RewardConfig
 from asyncrl.reward.scorer import Scorer
 
@@ -75,7 +77,7 @@ class RewardWorker:
         self.scored += len(scored)
         self.failed += len(failed)
         try:
-            await self._call(ScoredBatch(scored=scored))
+            await self._call(ScoredIds(scores=[_by_id(s) for s in scored]))
         except HubError as e:  # e.g. the samples were re-leased meanwhile; the hub's state wins
             self.rejected += len(scored)
             log.warning("hub refused %d scored samples: %s", len(scored), e)
@@ -102,3 +104,8 @@ class RewardWorker:
         for task in self.inflight:
             task.cancel()
         self._hub_thread.shutdown(wait=False)
+
+
+def _by_id(s: ScoredSample) -> ScoreResult:
+    return ScoreResult(prompt_id=s.sample.prompt_id, sample_index=s.sample.sample_index, reward=s.reward,
+                       components=s.components, status=s.status, reason=s.reason)

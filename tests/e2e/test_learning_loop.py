@@ -94,3 +94,12 @@ def test_killed_learner_resumes_without_dropping_or_repeating(tmp_path):
     acc = summary(run_dir)["accounting"]
     per_step = {m["step"]: m["samples_trained"] for m in metrics(run_dir)}  # a redone step: its last run
     assert acc["lost"] == 0 and acc["trained"] == sum(per_step.values()), (acc, per_step)
+
+
+def test_abort_mode_returns_inflight_prompts_and_loses_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "generator.inflight_update=abort", "learner.steps=5")
+    assert proc.returncode == 0, proc.output
+    s = summary(run_dir)
+    assert s["accounting"]["lost"] == 0
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4, 5]

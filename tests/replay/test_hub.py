@@ -131,3 +131,32 @@ def test_restart_on_the_same_run_dir_keeps_state_and_redelivers(start_hub, tmp_p
         assert after[key] == before[key], key
     assert [[(s.sample.prompt_id, s.sample.sample_index, s.reward) for s in g.samples] for g in again.groups] == \
         [[(s.sample.prompt_id, s.sample.sample_index, s.reward) for s in g.samples] for g in batch.groups]
+
+
+def test_scores_by_id_and_watchers_get_the_samples_as_generated(start_hub, tmp_path):
+    h = start_hub(run_dir=tmp_path)
+    with HubPeer(h.endpoint, "t") as peer:
+        peer.request(R.SubmitPrompts(prompts=[prompt("a"), prompt("b")], watch=True))
+        lease = peer.request(R.LeaseRequest(generator="g0", max_prompts=2, wait_s=1.0))
+        sent = [sample(p.prompt_id, i, tokens=5) for p in lease.prompts for i in range(p.n)]
+        peer.request(R.SampleBatch(lease_id=lease.lease_id, samples=sent))
+        todo = peer.request(R.ScoreRequest(worker="r0", max_samples=100, wait_s=1.0))
+        assert [(it.sample.prompt_id, it.sample.sample_index) for it in todo.items] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+        ack = peer.request(R.ScoredIds(scores=[R.ScoreResult(prompt_id=it.sample.prompt_id, sample_index=it.sample.sample_index,
+                                                             reward=0.25) for it in todo.items]
+                                       + [R.ScoreResult(prompt_id="a", sample_index=0, reward=1.0)]))
+        assert not ack.ok and ack.info == {"accepted": 4, "rejected": {"not_generated": 1}}
+        batch = peer.request(R.BatchRequest(learner="l0", step=1, wait_s=2.0))
+        got = [s.sample for g in batch.groups for s in g.samples]
+        assert [s.logprobs.tolist() for s in got] == [s.logprobs.tolist() for s in sent]
+        assert all(s.reward == 0.25 for g in batch.groups for s in g.samples)
+        done = [peer.receive(1.0) for _ in range(4)]
+        assert sorted((c.scored.sample.prompt_id, c.scored.sample.sample_index) for c in done) == [
+            ("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+        before = peer.request(R.StatsRequest()).counters
+    h.stop()
+    with HubPeer(start_hub(run_dir=tmp_path).endpoint, "t") as peer:  # the log replays scores by id
+        after = peer.request(R.StatsRequest()).counters
+        again = peer.request(R.BatchRequest(learner="l0", step=1, wait_s=0.0))
+    assert after["states"] == before["states"] and after["events"] == before["events"]
+    assert [s.sample.versions.tolist() for g in again.groups for s in g.samples] == [s.versions.tolist() for s in sent]

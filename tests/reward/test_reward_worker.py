@@ -4,7 +4,7 @@ import asyncio
 import threading
 
 from asyncrl.peer import HubError
-from asyncrl.records import Ack, Heartbeat, RewardSpec, ScoredBatch, ScoreRequest, ScoreStatus, ToScore, ToScoreItem
+from asyncrl.records import Ack, Heartbeat, RewardSpec, ScoredIds, ScoreRequest, ScoreStatus, ToScore, ToScoreItem
 from asyncrl.reward.scorer import Scorer
 from asyncrl.reward.worker import RewardWorker
 from reward_helpers import config, fn, sample
@@ -20,7 +20,7 @@ class FakePeer:
         self.requests = []
         self.heartbeats = []
         self.threads = set()
-        self.refuse = 0  # refuse this many ScoredBatch requests
+        self.refuse = 0  # refuse this many ScoredIds requests
 
     def request(self, msg):
         self.threads.add(threading.get_ident())
@@ -29,11 +29,11 @@ class FakePeer:
             assert msg.max_samples >= 1 and msg.worker == "reward-7"
             take, self.items = self.items[: msg.max_samples], self.items[msg.max_samples :]
             return ToScore(items=take)
-        if isinstance(msg, ScoredBatch):
+        if isinstance(msg, ScoredIds):  # scores go back by sample id, without the sample
             if self.refuse:
                 self.refuse -= 1
-                raise HubError("unknown sample", "ScoredBatch")
-            self.scored.extend(msg.scored)
+                raise HubError("unknown sample", "ScoredIds")
+            self.scored.extend(msg.scores)
             return Ack()
         if isinstance(msg, Heartbeat):
             self.heartbeats.append(msg)
@@ -63,7 +63,7 @@ def test_worker_scores_everything_concurrently_and_stops_on_shutdown():
         return worker
     worker = asyncio.run(go())
     assert len(peer.scored) == 20 and worker.scored == 20 and worker.failed == 0
-    assert {(s.sample.prompt_id, s.sample.sample_index) for s in peer.scored} == {(f"p{i // 4}", i % 4) for i in range(20)}
+    assert {(s.prompt_id, s.sample_index) for s in peer.scored} == {(f"p{i // 4}", i % 4) for i in range(20)}
     assert sum(s.reward for s in peer.scored) == 7.0  # "85" at i % 3 == 0
     assert len(peer.threads) == 1  # the peer is used from one thread only
     assert peer.heartbeats[0].service == "reward" and peer.heartbeats[0].name == "reward-7"

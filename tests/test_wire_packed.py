@@ -1,0 +1,98 @@
+"""Samples kept as their wire bytes: `decode_packed` validates like `decode`, splices are byte-identical,
+scores travel by id, and logged frames are written as they arrived."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from asyncrl import records as R
+from asyncrl import wire
+
+
+def sample(pid: str, i: int, versions: list[int]) -> R.Sample:
+    n = len(versions)
+    return R.Sample(prompt_id=pid, sample_index=i, prompt_token_ids=np.arange(3, dtype=np.int32),
+                    response_token_ids=np.arange(n, dtype=np.int32), logprobs=np.full(n, -0.5, np.float32),
+                    versions=np.array(versions, np.int32), finish_reason=R.FinishReason.STOP,
+                    response_text="hi", timings={"sent": 1.0}, generator="g")
+
+
+def test_packed_samples_carry_ids_oldest_version_and_exact_bytes():
+    ss = [sample("p", 0, [3, 1, 2]), sample("p", 1, [])]
+    frame = wire.encode(R.SampleBatch(lease_id="L1", samples=ss))
+    msg = wire.decode_packed(frame)
+    assert msg.lease_id == "L1" and [type(s) for s in msg.samples] == [wire.PackedSample] * 2
+    assert [(s.prompt_id, s.sample_index, s.min_version) for s in msg.samples] == [("p", 0, 1), ("p", 1, None)]
+    _, raws = wire.decode_with_raw(frame)
+    assert [bytes(s.raw) for s in msg.samples] == [bytes(r) for r in raws]
+    full = msg.samples[0].unpack()
+    assert full.versions.tolist() == [3, 1, 2] and full.timings == {"sent": 1.0}
+
+
+def test_spliced_packed_samples_are_byte_identical_to_plain_encoding():
+    ss = [sample("p", 0, [1, 2]), sample("p", 1, [2, 2])]
+    packed = wire.decode_packed(wire.encode(R.SampleBatch(lease_id="L", samples=ss))).samples
+    prompt = R.Prompt(prompt_id="p", n=2, text="q")
+
+    def batch(samples):
+        return R.Batch(step=1, policy_version=2, groups=[R.Group(prompt=prompt, samples=[
+            R.ScoredSample(sample=s, reward=0.5) for s in samples])])
+
+    assert wire.encode(batch(packed)) == wire.encode(batch(ss))
+    items = lambda samples: R.ToScore(items=[R.ToScoreItem(sample=s, reward=prompt.reward) for s in samples])  # noqa: E731
+    assert wire.encode(items(packed)) == wire.encode(items(ss))
+    done = lambda s: R.Completion(scored=R.ScoredSample(sample=s, reward=1.0))  # noqa: E731
+    assert wire.encode(done(packed[0])) == wire.encode(done(ss[0]))
+    # outside a splicing message a packed sample still encodes correctly (decoded first)
+    assert wire.encode(R.SampleBatch(lease_id="L", samples=packed)) == wire.encode(R.SampleBatch(lease_id="L", samples=ss))
+
+
+def bad_sample_frames() -> list[tuple[bytes, str]]:
+    good = msgpack.unpackb(wire.encode(R.SampleBatch(lease_id="L", samples=[sample("p", 0, [1])])), raw=False)
+    s = good["b"]["samples"][0]
+    cases = [({**s, "prompt_id": 3}, "prompt_id: expected str"), ({**s, "sample_index": True}, "expected int"),
+             ({**s, "sample_index": -1}, "sample_index -1 < 0"), ({**s, "finish_reason": "nope"}, "is not one of"),
+             ({**s, "zz": 1}, "unknown fields"), ({k: v for k, v in s.items() if k != "versions"}, "needs field 'versions'"),
+             ({**s, "logprobs": s["versions"]}, "expected 1-d float32"), ({**s, "versions": "x"}, "expected array"),
+             ({**s, "versions": msgpack.ExtType(1, s["versions"].data[:-1])}, "payload"),
+             ({**s, "timings": {"a": "b"}}, "timings.a: expected float"),
+             ({**s, "response_token_ids": msgpack.ExtType(1, b"\x01\x01" + (5).to_bytes(4, "little") + bytes(20))},
+              "5 tokens but 1 logprobs")]
+    return [(msgpack.packb({**good, "b": {"lease_id": "L", "samples": [bad]}}, use_bin_type=True), why)
+            for bad, why in cases]
+
+
+@pytest.mark.parametrize("frame, why", bad_sample_frames())
+def test_packed_decoding_rejects_what_full_decoding_rejects(frame, why):
+    for decode in (wire.decode, wire.decode_packed):
+        with pytest.raises(wire.WireError, match=why):
+            decode(frame)
+
+
+def test_a_repeated_samples_key_keeps_bytes_and_validated_values_together():
+    a, b = (msgpack.unpackb(wire.encode(sample("p", i, [1])), raw=False)["b"] for i in (0, 1))
+    pk = msgpack.packb
+    frame = (b"\x83" + pk("v") + pk(1) + pk("t") + pk("SampleBatch") + pk("b")
+             + b"\x83" + pk("lease_id") + pk("L") + pk("samples") + pk([a]) + pk("samples") + pk([b]))
+    msg = wire.decode_packed(frame)  # the last key wins, as in the decoded map
+    assert [s.sample_index for s in msg.samples] == [1] and wire.decode(frame).samples[0].sample_index == 1
+    assert msgpack.unpackb(msg.samples[0].raw, raw=False)["sample_index"] == 1
+
+
+def test_scores_by_id_round_trip():
+    msg = R.ScoredIds(scores=[R.ScoreResult(prompt_id="p", sample_index=2, reward=0.5, components={"f": 1.0}),
+                              R.ScoreResult(prompt_id="p", sample_index=3, reward=0.0, status=R.ScoreStatus.FAILED,
+                                            reason="boom")])
+    assert wire.decode(wire.encode(msg)) == msg
+    with pytest.raises(wire.WireError, match="sample_index: expected int"):
+        wire.decode(msgpack.packb({"v": 1, "t": "ScoredIds", "b": {"scores": [{"prompt_id": "p", "sample_index": "x",
+                                                                             "reward": 1.0}]}}))
+
+
+@pytest.mark.parametrize("n", [0, 5, 255, 256, 65535, 65536, 70000])
+def test_log_record_parts_are_the_encoded_record(n):
+    blob = bytes(range(256)) * (n // 256) + bytes(n % 256)
+    parts = wire.log_record_parts("samples", memoryview(blob))
+    assert b"".join(parts) == wire.encode_record(["samples", blob]) and parts[-1].obj is blob
