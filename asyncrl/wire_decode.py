@@ -26,6 +26,16 @@ import msgpack
 import numpy as np
 
 from asyncrl import records as R
+from asyncrl.wire_checks import Check, Where, WireError
+from asyncrl.wire_checks import any_value as _any
+from asyncrl.wire_checks import dict_of as _dict
+from asyncrl.wire_checks import enum_check as _enum
+from asyncrl.wire_checks import fail as _fail
+from asyncrl.wire_checks import key as _key
+from asyncrl.wire_checks import list_of as _list
+from asyncrl.wire_checks import optional as _optional
+from asyncrl.wire_checks import path as _path
+from asyncrl.wire_checks import scalar as _scalar
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 ARRAY_EXT = 1
@@ -58,28 +68,6 @@ MESSAGE_TYPES: dict[str, type] = {
 # Array fields outside Sample: (record, field) -> required dtype and rank.
 _ARRAY_FIELDS: dict[tuple[type, str], tuple[np.dtype, int]] = {(R.Prompt, "token_ids"): (np.dtype("<i4"), 1)}
 _SHAPES = [struct.Struct(f"<{ndim}I") for ndim in range(9)]
-
-
-class WireError(ValueError):
-    """A frame that does not decode or does not validate. The message says why."""
-
-
-# Where a value sits in a frame: a name, or (parent, field name | list index). Built as cheap tuples on
-# the hot path and only turned into text ("SampleBatch.samples[3].logprobs") when a check fails.
-Where = str | tuple[Any, str | int]
-Check = Callable[[Any, Where], Any]
-
-
-def _path(where: Where) -> str:
-    parts: list[str] = []
-    while isinstance(where, tuple):
-        where, seg = where
-        parts.append(f"[{seg}]" if isinstance(seg, int) else f".{seg}")
-    return where + "".join(reversed(parts))
-
-
-def _fail(where: Where, want: str, got: Any) -> WireError:
-    return WireError(f"{_path(where)}: expected {want}, got {'ext' if type(got) is slice else type(got).__name__}")
 
 
 # ------------------------------------------------------------------------------------- arrays
@@ -209,70 +197,6 @@ def _packed(v: Any, raw: memoryview, where: Where) -> PackedSample:
     pid, idx, _, _, _, _, (data, n), _, _, _ = _sample_parts(v, where)
     oldest = int(np.frombuffer(data, DTYPES[_I4], n, 6).min()) if n else None
     return PackedSample(prompt_id=pid, sample_index=idx, min_version=oldest, raw=raw)
-
-
-# ------------------------------------------------------------------------------------- generic checks
-
-
-def _scalar(kind: type) -> Check:
-    def check(v: Any, where: Where) -> Any:
-        if kind is float and isinstance(v, int) and not isinstance(v, bool):
-            return float(v)
-        if kind is int and isinstance(v, bool):
-            raise _fail(where, "int", v)
-        if not isinstance(v, kind):
-            raise _fail(where, kind.__name__, v)
-        return v
-
-    return check
-
-
-def _key(k: Any, where: Where) -> str:
-    if not isinstance(k, str):
-        raise _fail(where, "str key", k)
-    return k
-
-
-def _any(v: Any, where: Where) -> Any:
-    if type(v) is slice:
-        raise _fail(where, "plain msgpack value", v)
-    if isinstance(v, dict):
-        return {_key(k, where): _any(x, where) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_any(x, where) for x in v]
-    return v
-
-
-def _enum(kind: type[enum.Enum]) -> Check:
-    def check(v: Any, where: Where) -> Any:
-        try:
-            return kind(v)
-        except (ValueError, TypeError):
-            raise WireError(f"{_path(where)}: {v!r} is not one of {[e.value for e in kind]}") from None
-
-    return check
-
-
-def _optional(inner: Check) -> Check:
-    return lambda v, where: None if v is None else inner(v, where)
-
-
-def _list(inner: Check) -> Check:
-    def check(v: Any, where: Where) -> Any:
-        if not isinstance(v, list):
-            raise _fail(where, "list", v)
-        return [inner(x, (where, i)) for i, x in enumerate(v)]
-
-    return check
-
-
-def _dict(key: Check, val: Check) -> Check:
-    def check(v: Any, where: Where) -> Any:
-        if not isinstance(v, dict):
-            raise _fail(where, "map", v)
-        return {key(k, where): val(x, (where, str(k))) for k, x in v.items()}
-
-    return check
 
 
 _TIMINGS = _dict(_scalar(str), _scalar(float))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     save_config(run_dir, cfg)
     print(f"run directory: {run_dir}", file=sys.stderr)
     sup = Supervisor(cfg, run_dir, resume=bool(args.resume))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the run like Ctrl-C
     code = 0
     try:
         sup.start()

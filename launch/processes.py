@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -28,6 +29,14 @@ class Child:
     restarts: int = 0
 
 
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM when the launcher dies, even by SIGKILL (no orphans)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher's own SIGTERM / Ctrl-C handling still stops the children
+
+
 def spawn(spec: ProcessSpec, log_dir: Path) -> Child:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{spec.name}.log"
@@ -36,6 +45,7 @@ def spawn(spec: ProcessSpec, log_dir: Path) -> Child:
         proc = subprocess.Popen(
             [sys.executable, "-m", spec.module, *spec.args], stdout=logf, stderr=subprocess.STDOUT, env=env,
             stdin=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C reaches the launcher only
+            preexec_fn=_die_with_parent,
         )
     return Child(spec, proc, log_path)
 

@@ -49,13 +49,14 @@ def main() -> None:
     log = setup_logging(args.name)
     stop = StopFlag().install()
     cfg, endpoint = resolve(args)
-    peer = HubPeer(endpoint, args.name)
+    peer = HubPeer(endpoint, args.name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     scorer = Scorer(cfg.reward)
     worker = RewardWorker(peer, scorer, cfg.reward, args.name)
     log.info("reward worker %s serving %s with %s", args.name, endpoint, [c.name for c in cfg.reward.components])
     try:
         asyncio.run(serve(worker, scorer, stop))
     except Exception as e:
+        peer.timeout_s = 5.0
         try:
             peer.request(FatalError(service="reward", name=args.name, reason=f"{type(e).__name__}: {e}"))
         except Exception:  # noqa: BLE001 - the hub may be the thing that is gone

@@ -33,7 +33,7 @@ def build_generator(
     model_path = resolve_model_path(cfg.model)
     engine = build_engine(cfg, device, model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    hub = HubPeer(endpoints["replay"], name)
+    hub = HubPeer(endpoints["replay"], name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     weights = WeightReceiver(endpoints["weights"], name, device, engine)
     timeline = Timeline(run_dir, name)
     worker = GeneratorWorker(

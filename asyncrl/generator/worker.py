@@ -85,6 +85,8 @@ class GeneratorWorker:
 
     def shutdown(self) -> None:
         """Give unfinished prompts back to the hub (best effort: the hub may be gone)."""
+        if hasattr(self.hub, "timeout_s"):
+            self.hub.timeout_s = min(self.hub.timeout_s, 5.0)  # never hang an exit on a dead hub
         try:
             self._return_all("shutdown")
         except Exception as e:  # noqa: BLE001
@@ -203,10 +205,18 @@ class GeneratorWorker:
         self._stats["groups_returned"] += 1
 
     def _return_all(self, why: str) -> None:
-        if self.groups:
-            log.info("%s: returning %d unfinished prompts (%s)", self.name, len(self.groups), why)
-        for prompt_id in list(self.groups):
-            self._return_group(prompt_id)
+        """One ReturnPrompts per lease; stops at the first failure (the hub may be gone)."""
+        if not self.groups:
+            return
+        log.info("%s: returning %d unfinished prompts (%s)", self.name, len(self.groups), why)
+        self.engine.abort(list(self.groups))
+        by_lease: dict[str, list[str]] = {}
+        for prompt_id, group in self.groups.items():
+            by_lease.setdefault(group.lease_id, []).append(prompt_id)
+        self.groups.clear()
+        for lease_id, prompt_ids in by_lease.items():
+            self.hub.request(R.ReturnPrompts(lease_id=lease_id, prompt_ids=prompt_ids))
+            self._stats["groups_returned"] += len(prompt_ids)
 
     def _heartbeat(self) -> None:
         now = time.monotonic()

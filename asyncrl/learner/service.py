@@ -61,7 +61,7 @@ class LearnerService:
         self.trainer = Trainer(cfg.learner, resolve_model_path(cfg.model), dtype=cfg.model.dtype, device=device,
                                seed=cfg.launch.seed)
         self.rank = self.trainer.dist.rank
-        self.hub = HubPeer(endpoints["replay"], name, timeout_s=120.0)
+        self.hub = HubPeer(endpoints["replay"], name, timeout_s=15.0)
         self.sender = WeightSender(endpoints["weights"], device=device,
                                    bucket_bytes=cfg.learner.weight_bucket_mb << 20,
                                    pause_mode=cfg.generator.inflight_update,
@@ -90,6 +90,7 @@ class LearnerService:
                 self._checkpoint()
             self._report(step, batch, metrics, push)
         if self.trainer.step > self.checkpointed_step:  # stopped early: keep every finished step
+            self.hub.timeout_s = min(self.hub.timeout_s, 10.0)  # the hub may be stopping too
             self._checkpoint()
         if self.trainer.step >= steps:
             self.trainer.export(self.run_dir / "export")
