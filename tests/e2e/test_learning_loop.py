@@ -103,3 +103,16 @@ def test_abort_mode_returns_inflight_prompts_and_loses_nothing(tmp_path):
     s = summary(run_dir)
     assert s["accounting"]["lost"] == 0
     assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4, 5]
+
+
+def test_two_fsdp_ranks_and_two_generators_over_gloo(tmp_path):
+    """The multi-GPU layout's code path on CPU: FSDP2 over 2 gloo ranks, weights pushed to 2 generators."""
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "learner.ranks=2", "generator.count=2", "learner.steps=4", "generator.heartbeat_s=0.2")
+    assert proc.returncode == 0, proc.output
+    s = summary(run_dir)
+    assert s["accounting"]["lost"] == 0 and s["exit_codes"]["learner-1"] == 0
+    peers = s["hub"]["peers"]
+    for g in ("generator-0", "generator-1"):
+        assert peers[g]["stats"]["samples_sent"] > 0, peers[g]
+        assert peers[g]["stats"]["weight_version"] == 4  # every push reached both generators
