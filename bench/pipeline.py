@@ -22,6 +22,7 @@ from pathlib import Path
 from asyncrl.config.run import load_run_config
 from asyncrl.timeline import read_timelines
 from bench.intervals import clip, intersect, total, union
+from launch.__main__ import EMBEDDED
 from launch.__main__ import main as launch_main
 
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plot", metavar="FILE.png")
     p.add_argument("--keep", metavar="DIR", help="keep both run directories under DIR")
     args = p.parse_args(argv)
-    cfg = load_run_config(args.config, args.set)
+    cfg = load_run_config(args.config or EMBEDDED, args.set)  # what launch will run
     staleness = max(cfg.hub.max_staleness, 1)
     base = Path(args.keep or tempfile.mkdtemp(prefix="bench-pipeline-"))
     results = {}

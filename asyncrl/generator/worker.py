@@ -5,6 +5,8 @@
      └──SampleBatch(group)──────┘   └── weights.poll() between steps ◀─────┘
 
 One thread drives everything, so weight updates land exactly between two decode steps.
+* Idle (nothing to decode): it waits on the weight socket for IDLE_WAIT_S, then asks the hub again
+  (a non-blocking lease), so a push never waits behind a hub long-poll.
 * Backpressure: the worker asks for at most `free // n` prompts (whole groups that fit in
   `max_running`), and only when its weights are as new as the hub's policy version; the hub's
   staleness rule may answer with fewer (or none).
@@ -29,6 +31,7 @@ from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
 from asyncrl.timeline import Timeline
 
 log = logging.getLogger(__name__)
+IDLE_WAIT_S = 0.02  # with nothing to decode: how long to wait for a weight push before asking the hub again
 
 
 class Hub(Protocol):
@@ -36,9 +39,9 @@ class Hub(Protocol):
 
 
 class WeightSource(Protocol):
-    def poll(self) -> Any:
-        """Handle pending weight-push messages; returns None or an object with `.version` and
-        `.aborted` (outputs aborted by the pause)."""
+    def poll(self, timeout_s: float = 0.0) -> Any:
+        """Handle pending weight-push messages, waiting up to timeout_s for one; returns None or an
+        object with `.version` and `.aborted` (outputs aborted by the pause)."""
 
 
 class Tokenizer(Protocol):
@@ -100,7 +103,18 @@ class GeneratorWorker:
             outputs = self.engine.step()
             self.timeline.record("generate", start, time.time())
             self._collect(outputs)
+        else:
+            self._idle()
         self._heartbeat()
+
+    def _idle(self) -> None:
+        """Nothing to decode: wait on the weight socket (not on the hub), so a push is served at once."""
+        if self.weights is None:
+            time.sleep(IDLE_WAIT_S)
+            return
+        result = self.weights.poll(IDLE_WAIT_S)
+        if result is not None and getattr(result, "aborted", None):
+            self._collect(result.aborted)
 
     # ------------------------------------------------------------------ phases
 
@@ -117,16 +131,12 @@ class GeneratorWorker:
 
     def _lease(self) -> None:
         if self.weights is not None and self.engine.weight_version < self.hub_version:
-            time.sleep(0.01)  # behind the learner: take no prompts until the push lands
-            return
+            return  # behind the learner: take no prompts until the push lands (run_once idles on it)
         free = self._free_slots()
         n = max((g.prompt.n for g in self.groups.values()), default=self.group_size)
         if free < n:
             return
-        busy = self.engine.has_work()
-        lease = self.hub.request(
-            R.LeaseRequest(generator=self.name, max_prompts=max(1, free // n), wait_s=0.0 if busy else 0.2)
-        )
+        lease = self.hub.request(R.LeaseRequest(generator=self.name, max_prompts=max(1, free // n), wait_s=0.0))
         self.hub_version = max(self.hub_version, lease.policy_version)
         for prompt in lease.prompts:
             if prompt.n > free:

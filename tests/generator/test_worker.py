@@ -106,7 +106,7 @@ def test_leases_only_what_fits():
 
 def test_behind_hub_version_takes_no_prompts():
     engine, hub = FakeEngine(), FakeHub(prompts(2, n=2), version=3)
-    weights = SimpleNamespace(poll=lambda: None)
+    weights = SimpleNamespace(poll=lambda timeout_s=0.0: None)
     w = worker(engine, hub, weights=weights)
     w.hub_version = 3
     w.run_once()
