@@ -62,7 +62,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def fsdp_worker(rank: int, world: int, port: int, model_path: str, out_dir: str, cfg_kwargs: dict) -> None:
+def fsdp_worker(rank: int, world: int, port: int | str, model_path: str, out_dir: str, cfg_kwargs: dict) -> None:
     """One FSDP2 rank (gloo, CPU): step 1, checkpoint, step 2; then a fresh trainer loads the checkpoint
     and repeats step 2. Rank 0 writes what it saw to out_dir/rank0.pt."""
     import torch.distributed as dist
@@ -71,7 +71,8 @@ def fsdp_worker(rank: int, world: int, port: int, model_path: str, out_dir: str,
     from asyncrl.learner.trainer import Trainer
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init = port if isinstance(port, str) else f"tcp://127.0.0.1:{port}"  # a file:// store needs no free port
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         cfg = LearnerConfig(**cfg_kwargs)
         trainer = Trainer(cfg, model_path, device="cpu")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.multiprocessing as mp
-from learner_helpers import free_port, fsdp_worker, make_batch, params_snapshot
+from learner_helpers import fsdp_worker, make_batch, params_snapshot
 
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.trainer import Trainer
@@ -16,7 +16,8 @@ METRICS = ("loss", "pg_loss", "grad_norm", "entropy", "clip_frac", "adv_mean", "
 
 @pytest.mark.timeout(240)
 def test_two_ranks_match_one(tiny_model, tmp_path):
-    mp.spawn(fsdp_worker, args=(2, free_port(), str(tiny_model), str(tmp_path), CFG), nprocs=2, join=True)
+    store = f"file://{tmp_path / 'pg-store'}"
+    mp.spawn(fsdp_worker, args=(2, store, str(tiny_model), str(tmp_path), CFG), nprocs=2, join=True)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
 
     single = Trainer(LearnerConfig(**CFG), str(tiny_model), device="cpu")
