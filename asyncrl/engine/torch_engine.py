@@ -64,6 +64,8 @@ class TorchEngine:
         runs max_running rows); costs throughput at low load. Preemption recomputes a sequence's
         KV by prefill, so keep num_kv_blocks large enough that it does not happen."""
         self.device = torch.device(device)
+        if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
+            torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         model = load_hf_folder(model_path, self.dtype, self.device)
         self._setup(model, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len, seed,
