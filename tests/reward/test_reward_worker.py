@@ -47,11 +47,9 @@ def items(n: int) -> list[ToScoreItem]:
     return [ToScoreItem(sample=sample(texts[i % 3], f"p{i // 4}", i % 4), reward=RewardSpec(target="85")) for i in range(n)]
 
 
-def test_worker_scores_everything_concurrently_and_stops_on_shutdown():
-    cfg = config({"kind": "task"}, {"kind": "python", "name": "slow", "weight": 0.0, "options": {"function": fn("slow")}},
-                 max_inflight=8, heartbeat_s=0.1)
-    peer = FakePeer(items(20))
 
+def run_worker(cfg, peer) -> RewardWorker:
+    """Run a worker against `peer` until the peer asks it to shut down (10 s at most)."""
     async def go():
         scorer = Scorer(cfg)
         worker = RewardWorker(peer, scorer, cfg, "reward-7", wait_s=0.05)
@@ -61,7 +59,13 @@ def test_worker_scores_everything_concurrently_and_stops_on_shutdown():
             worker.close()
             await scorer.close()
         return worker
-    worker = asyncio.run(go())
+    return asyncio.run(go())
+
+def test_worker_scores_everything_concurrently_and_stops_on_shutdown():
+    cfg = config({"kind": "task"}, {"kind": "python", "name": "slow", "weight": 0.0, "options": {"function": fn("slow")}},
+                 max_inflight=8, heartbeat_s=0.1)
+    peer = FakePeer(items(20))
+    worker = run_worker(cfg, peer)
     assert len(peer.scored) == 20 and worker.scored == 20 and worker.failed == 0
     assert {(s.prompt_id, s.sample_index) for s in peer.scored} == {(f"p{i // 4}", i % 4) for i in range(20)}
     assert sum(s.reward for s in peer.scored) == 7.0  # "85" at i % 3 == 0
@@ -93,15 +97,5 @@ def test_refused_batches_are_counted_and_the_worker_goes_on():
     cfg = config({"kind": "task"}, max_inflight=2, heartbeat_s=0.05)
     peer = FakePeer(items(6))
     peer.refuse = 1
-
-    async def go():
-        scorer = Scorer(cfg)
-        worker = RewardWorker(peer, scorer, cfg, "reward-7", wait_s=0.05)
-        try:
-            await asyncio.wait_for(worker.run(), 10)
-        finally:
-            worker.close()
-            await scorer.close()
-        return worker
-    worker = asyncio.run(go())
+    worker = run_worker(cfg, peer)
     assert worker.rejected >= 1 and len(peer.scored) + worker.rejected == 6
