@@ -87,6 +87,7 @@ class Supervisor:
             if spec.name == "replay":
                 self.peer = HubPeer(self.endpoints["replay"], "launcher", timeout_s=60.0)
                 self.peer.request(R.StatsRequest())  # waits until the hub answers
+                self.peer.timeout_s = 10.0
         self.feeder = Feeder(self.cfg, self.endpoints["replay"], self.run_dir)
         self.feeder.start()
 
@@ -133,6 +134,8 @@ class Supervisor:
     # ------------------------------------------------------------------ helpers
 
     def _check_children(self) -> None:
+        if self.feeder is not None and self.feeder.error is not None:
+            raise RunFailed(f"the prompt feeder stopped: {self.feeder.error!r}")
         for name, child in list(self.children.items()):
             code = child.proc.poll()
             if code is None or (code == 0 and name.startswith("learner")):
