@@ -32,3 +32,11 @@ def test_bad_values_name_the_key(override, words):
     with pytest.raises(ConfigError) as e:
         load_run_config(EMBEDDED, [override])
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+@pytest.mark.parametrize("name", ["gpu-1.toml", "gpu-2.toml"])
+def test_shipped_configs_load(name):
+    from pathlib import Path
+
+    cfg = load_run_config(Path(__file__).resolve().parents[1] / "configs" / name, ["model.path=/models/x"])
+    assert cfg.learner.devices and cfg.generator.devices and cfg.model.path == "/models/x"
