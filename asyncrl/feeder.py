@@ -15,13 +15,13 @@ import dataclasses
 import itertools
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 
 from asyncrl import records as R
 from asyncrl.config.run import RunConfig
 from asyncrl.peer import HubError, HubPeer
+from asyncrl.rundir import write_json
 from asyncrl.task.source import make_prompt_source
 
 log = logging.getLogger(__name__)
@@ -50,9 +50,7 @@ class Feeder:
             return 0
 
     def _save_cursor(self, index: int) -> None:
-        tmp = self.cursor_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"next_index": index}))
-        os.replace(tmp, self.cursor_path)
+        write_json(self.cursor_path, {"next_index": index})
 
     def _run(self) -> None:
         try:

@@ -111,17 +111,15 @@ class GeneratorWorker:
         """Nothing to decode: wait on the weight socket (not on the hub), so a push is served at once."""
         if self.weights is None:
             time.sleep(IDLE_WAIT_S)
-            return
-        result = self.weights.poll(IDLE_WAIT_S)
-        if result is not None and getattr(result, "aborted", None):
-            self._collect(result.aborted)
+        else:
+            self._sync_weights(IDLE_WAIT_S)
 
     # ------------------------------------------------------------------ phases
 
-    def _sync_weights(self) -> None:
+    def _sync_weights(self, timeout_s: float = 0.0) -> None:
         if self.weights is None:
             return
-        result = self.weights.poll()
+        result = self.weights.poll(timeout_s)
         if result is not None and getattr(result, "aborted", None):
             self._collect(result.aborted)
 
