@@ -45,9 +45,9 @@ def build_hf(shape: str, max_len: int, seed: int = 0, init_std: float = 0.02, dt
 
 
 def make_engine(hf, batch: int, max_len: int, **options):
-    from asyncrl.engine.block_manager import blocks_for
-    from asyncrl.engine.model import build_from_hf
-    from asyncrl.engine.torch_engine import TorchEngine
+    from asyncrl.engine.torch.block_manager import blocks_for
+    from asyncrl.engine.torch.model import build_from_hf
+    from asyncrl.engine.torch.engine import TorchEngine
 
     blocks = batch * blocks_for(max_len, 16) + 64
     return TorchEngine.from_model(
@@ -141,8 +141,8 @@ def profile_parts(eng, batch: int, ctx: int) -> dict:
     """Milliseconds of the decode step's parts at `batch` rows (eager launches, median of repeats)."""
     import triton.testing
 
-    from asyncrl.engine import triton_ops
-    from asyncrl.engine.triton_sampler import sample_fused
+    from asyncrl.engine.torch import triton_ops
+    from asyncrl.engine.torch.triton_sampler import sample_fused
 
     cfg, dev = eng.arch, eng.device
     h = torch.randn(batch, cfg.hidden_size, device=dev, dtype=eng.dtype)

@@ -16,10 +16,10 @@ from asyncrl.weights.receiver import WeightReceiver
 
 def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
     if cfg.generator.engine == "sglang":
-        from asyncrl.engine.sglang_engine import SGLangEngine
+        from asyncrl.engine.sglang.engine import SGLangEngine
 
         return SGLangEngine(cfg.generator.sglang)
-    from asyncrl.engine.torch_engine import TorchEngine
+    from asyncrl.engine.torch.engine import TorchEngine
 
     return TorchEngine(model_path, device=device, dtype=resolve_dtype(cfg.model, device),
                        max_running=cfg.generator.max_running, seed=cfg.generator.seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from asyncrl.engine.sglang_config import SGLangConfig
+from asyncrl.engine.sglang.config import SGLangConfig
 
 
 @dataclass(kw_only=True, slots=True)

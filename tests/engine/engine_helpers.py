@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.engine.protocol import GenerationOutput, GenerationRequest
-from asyncrl.engine.torch_engine import TorchEngine
+from asyncrl.engine.torch.engine import TorchEngine
 from asyncrl.records import SamplingParams
 
 

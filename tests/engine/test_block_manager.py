@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.engine.block_manager import BlockManager
-from asyncrl.engine.scheduler import Scheduler
-from asyncrl.engine.sequence import Sequence, SequenceGroup
+from asyncrl.engine.torch.block_manager import BlockManager
+from asyncrl.engine.torch.scheduler import Scheduler
+from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 from asyncrl.records import SamplingParams
 
 

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from asyncrl.engine import rng
-from asyncrl.engine.sampler import SamplingBatch, mask_top_k_top_p, sample
+from asyncrl.engine.torch import rng
+from asyncrl.engine.torch.sampler import SamplingBatch, mask_top_k_top_p, sample
 
 
 def batch(n: int, vocab: int, temperature=1.0, top_p=1.0, top_k=None, seed=0, steps=None) -> SamplingBatch:

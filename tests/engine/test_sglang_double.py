@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from asyncrl.engine.sglang_http import SGLangConnectionError, SGLangHTTP
+from asyncrl.engine.sglang.client import SGLangConnectionError, SGLangHTTP
 from tests.doubles.sglang_double import SGLangDouble
 from tests.doubles.sglang_testing import wait_until
 

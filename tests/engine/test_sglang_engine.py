@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from asyncrl.engine.protocol import Engine, GenerationRequest
-from asyncrl.engine.sglang_config import SGLangConfig
-from asyncrl.engine.sglang_engine import SGLangEngine
-from asyncrl.engine.sglang_http import SGLangConnectionError, SGLangError, SGLangHTTP, SGLangHTTPError
+from asyncrl.engine.sglang.config import SGLangConfig
+from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.engine.sglang.client import SGLangConnectionError, SGLangError, SGLangHTTP, SGLangHTTPError
 from asyncrl.records import FinishReason, SamplingParams
 from tests.doubles.sglang_double import SGLangDouble
 from tests.doubles.sglang_testing import collect, free_port, wait_until

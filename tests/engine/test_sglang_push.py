@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from asyncrl.engine.sglang_config import SGLangConfig
-from asyncrl.engine.sglang_engine import SGLangEngine
+from asyncrl.engine.sglang.config import SGLangConfig
+from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.weights.receiver import WeightReceiver
 from asyncrl.weights.sender import WeightSender
 from tests.doubles.sglang_double import SGLangDouble

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.engine.protocol import GenerationRequest
-from asyncrl.engine.sglang_config import SGLangConfig
-from asyncrl.engine.sglang_engine import SGLangEngine
-from asyncrl.engine.sglang_http import SGLangHTTPError
+from asyncrl.engine.sglang.config import SGLangConfig
+from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.engine.sglang.client import SGLangHTTPError
 from asyncrl.records import FinishReason, SamplingParams, WeightBucket, WeightGroupInit
 from tests.doubles.process_group import join_group, leave_group
 from tests.doubles.sglang_double import SGLangDouble

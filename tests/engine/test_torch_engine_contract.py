@@ -7,9 +7,9 @@ import inspect
 import pytest
 from engine_helpers import drain, engine, request
 
-from asyncrl.engine.model.config import ArchConfig
+from asyncrl.engine.torch.model.config import ArchConfig
 from asyncrl.engine.protocol import Engine, EngineStats, GenerationOutput
-from asyncrl.engine.torch_engine import TorchEngine
+from asyncrl.engine.torch.engine import TorchEngine
 
 
 def _protocol_methods() -> list[str]:

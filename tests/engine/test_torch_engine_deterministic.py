@@ -8,8 +8,8 @@ import pytest
 import torch
 from engine_helpers import drain, engine, request
 
-from asyncrl.engine import triton_ops
-from asyncrl.engine.sampler import SamplingBatch, sample
+from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch.sampler import SamplingBatch, sample
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -42,7 +42,7 @@ def test_deterministic_mode_is_batch_invariant_cuda_bf16(qwen2_path):
 @pytest.mark.gpu
 @CUDA
 def test_fused_sampler_matches_reference():
-    from asyncrl.engine.triton_sampler import sample_fused
+    from asyncrl.engine.torch.triton_sampler import sample_fused
 
     torch.manual_seed(0)
     batch, vocab = 64, 5003

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.engine import triton_ops
-from asyncrl.engine.block_manager import BlockManager, blocks_for
-from asyncrl.engine.decode_graphs import DecodeBuffers, DecodeGraphs, bucket_sizes
-from asyncrl.engine.kv_cache import KVCache
-from asyncrl.engine.model.decoder import CausalLM
-from asyncrl.engine.paged_attention import AttentionMetadata
-from asyncrl.engine.sampler import SamplingBatch, sample
-from asyncrl.engine.sequence import Sequence, SequenceGroup
-from asyncrl.engine.triton_sampler import sample_fused
+from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
+from asyncrl.engine.torch.decode_graphs import DecodeBuffers, DecodeGraphs, bucket_sizes
+from asyncrl.engine.torch.kv_cache import KVCache
+from asyncrl.engine.torch.model.decoder import CausalLM
+from asyncrl.engine.torch.paged_attention import AttentionMetadata
+from asyncrl.engine.torch.sampler import SamplingBatch, sample
+from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
+from asyncrl.engine.torch.triton_sampler import sample_fused
 
 
 class ModelRunner:

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from asyncrl.engine.model.config import ArchConfig
-from asyncrl.engine.model.decoder import CausalLM
-from asyncrl.engine.model.layers import default_inv_freq
+from asyncrl.engine.torch.model.config import ArchConfig
+from asyncrl.engine.torch.model.decoder import CausalLM
+from asyncrl.engine.torch.model.layers import default_inv_freq
 
 # Buffers that a learner's state_dict may carry but that are derived, not trained.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq")

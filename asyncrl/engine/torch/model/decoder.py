@@ -12,10 +12,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from asyncrl.engine.model.attention import Attention
-from asyncrl.engine.model.config import ArchConfig
-from asyncrl.engine.model.layers import MLP, RMSNorm, RotaryEmbedding, default_inv_freq
-from asyncrl.engine.paged_attention import AttentionMetadata
+from asyncrl.engine.torch.model.attention import Attention
+from asyncrl.engine.torch.model.config import ArchConfig
+from asyncrl.engine.torch.model.layers import MLP, RMSNorm, RotaryEmbedding, default_inv_freq
+from asyncrl.engine.torch.paged_attention import AttentionMetadata
 
 
 class LayerCache(Protocol):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from asyncrl.engine.protocol import GenerationOutput, GenerationRequest
-from asyncrl.engine.sglang_http import SGLangError
+from asyncrl.engine.sglang.client import SGLangError
 from asyncrl.records import FinishReason
 
 log = logging.getLogger(__name__)

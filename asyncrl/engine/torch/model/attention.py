@@ -1,5 +1,5 @@
 """Self-attention layer of the compact decoder: projections (GQA, optional qkv bias and q/k norm),
-rotary embedding, then the paged-cache attention of `asyncrl.engine.paged_attention`."""
+rotary embedding, then the paged-cache attention of `asyncrl.engine.torch.paged_attention`."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncrl.engine import triton_ops
-from asyncrl.engine.model.config import ArchConfig
-from asyncrl.engine.model.layers import (
+from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch.model.config import ArchConfig
+from asyncrl.engine.torch.model.layers import (
     RMSNorm,
     RotaryEmbedding,
     apply_rotary,
     fuse_linears,
 )
-from asyncrl.engine.paged_attention import (
+from asyncrl.engine.torch.paged_attention import (
     AttentionMetadata,
     decode_attention,
     prefill_attention,

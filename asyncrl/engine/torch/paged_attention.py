@@ -1,5 +1,5 @@
 """Attention over the paged KV cache: torch SDPA (the portable backend) or, on GPU, the Triton
-kernels of `asyncrl.engine.triton_ops` (same cache layout, no per-step gather or padding).
+kernels of `asyncrl.engine.torch.triton_ops` (same cache layout, no per-step gather or padding).
 
 The model calls three functions per layer:
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from asyncrl.engine import triton_ops
+from asyncrl.engine.torch import triton_ops
 
 
 @dataclass(kw_only=True, slots=True)

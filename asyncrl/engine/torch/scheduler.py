@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from asyncrl.engine.block_manager import BlockManager
-from asyncrl.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from asyncrl.engine.torch.block_manager import BlockManager
+from asyncrl.engine.torch.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 class Scheduler:

@@ -1,7 +1,7 @@
 """Fused GPU sampling: one pass over each row's logits gives the sampled token and its logprob.
 
-Computes exactly what `asyncrl.engine.sampler.sample` does without truncation (temperature,
-Gumbel-max with the counter-based noise of `asyncrl.engine.rng`, full-vocabulary logprob), but reads
+Computes exactly what `asyncrl.engine.torch.sampler.sample` does without truncation (temperature,
+Gumbel-max with the counter-based noise of `asyncrl.engine.torch.rng`, full-vocabulary logprob), but reads
 the bf16 logits once instead of materialising [batch, vocab] fp32 logits, noise and log-softmax.
 It needs no host sync and no generator state, so it runs inside the decode CUDA graph.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.engine import rng
-from asyncrl.engine.triton_ops import HAS_TRITON
+from asyncrl.engine.torch import rng
+from asyncrl.engine.torch.triton_ops import HAS_TRITON
 
 if HAS_TRITON:
     import triton

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 import torch
 
-from asyncrl.engine.sglang_config import SGLangConfig
-from asyncrl.engine.sglang_http import SGLangError, SGLangHTTP
+from asyncrl.engine.sglang.config import SGLangConfig
+from asyncrl.engine.sglang.client import SGLangError, SGLangHTTP
 from asyncrl.records import WeightBucket
 
 log = logging.getLogger(__name__)

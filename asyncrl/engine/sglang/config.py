@@ -1,4 +1,4 @@
-"""Config of the SGLang engine adapter (read by `asyncrl.engine.sglang_engine`)."""
+"""Config of the SGLang engine adapter (read by `asyncrl.engine.sglang.engine`)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.engine.model.config import ArchConfig
+from asyncrl.engine.torch.model.config import ArchConfig
 
 
 class KVCache:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncrl.engine import triton_ops
+from asyncrl.engine.torch import triton_ops
 
 
 class RMSNorm(nn.Module):

@@ -34,10 +34,10 @@ from typing import Any, Self
 import torch
 
 from asyncrl.engine.protocol import EngineStats, GenerationOutput, GenerationRequest, PauseMode
-from asyncrl.engine.sglang_config import SGLangConfig
-from asyncrl.engine.sglang_generate import aborted_unsent, generate_payload, parse_outputs, version_number
-from asyncrl.engine.sglang_http import SGLangConnectionError, SGLangError, SGLangHTTP
-from asyncrl.engine.sglang_weights import SGLangWeightSync
+from asyncrl.engine.sglang.config import SGLangConfig
+from asyncrl.engine.sglang.generate import aborted_unsent, generate_payload, parse_outputs, version_number
+from asyncrl.engine.sglang.client import SGLangConnectionError, SGLangError, SGLangHTTP
+from asyncrl.engine.sglang.weights import SGLangWeightSync
 from asyncrl.records import FinishReason, WeightBucket, WeightGroupInit
 
 log = logging.getLogger(__name__)

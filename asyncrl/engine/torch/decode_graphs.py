@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from asyncrl.engine.sequence import Sequence
+from asyncrl.engine.torch.sequence import Sequence
 
 # ints rows: input id, position, cache slot, context length, seed, step
 _IDS, _POS, _SLOT, _CTX, _SEED, _STEP = range(6)

@@ -19,18 +19,18 @@ from collections.abc import Iterable
 
 import torch
 
-from asyncrl.engine.block_manager import BlockManager, blocks_for
-from asyncrl.engine.kv_cache import KVCache
-from asyncrl.engine.model import CausalLM, load_hf_folder, load_weights
-from asyncrl.engine.model_runner import ModelRunner
+from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
+from asyncrl.engine.torch.kv_cache import KVCache
+from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights
+from asyncrl.engine.torch.model_runner import ModelRunner
 from asyncrl.engine.protocol import (
     EngineStats,
     GenerationOutput,
     GenerationRequest,
     PauseMode,
 )
-from asyncrl.engine.scheduler import Scheduler
-from asyncrl.engine.sequence import Sequence, SequenceGroup
+from asyncrl.engine.torch.scheduler import Scheduler
+from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 from asyncrl.records import FinishReason
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

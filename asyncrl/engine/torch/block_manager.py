@@ -9,7 +9,7 @@ fork time; no block is ever written while shared). Blocks return to the free lis
 
 from __future__ import annotations
 
-from asyncrl.engine.sequence import Sequence, SequenceGroup
+from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

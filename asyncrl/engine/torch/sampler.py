@@ -2,7 +2,7 @@
 
 * Greedy (temperature 0): argmax of the logits; logprob = log_softmax(logits).
 * Otherwise: logits / T, top-k and top-p mask the tail of the sorted distribution (top-p keeps the
-  token that crosses p), then Gumbel-max with counter-based noise (`asyncrl.engine.rng`).
+  token that crosses p), then Gumbel-max with counter-based noise (`asyncrl.engine.torch.rng`).
   logprob = log_softmax(logits / T) over the full vocabulary, without the truncation: the same
   definition as SGLang (docs/sglang-api.md §5.1), computed in fp32.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.engine import rng
+from asyncrl.engine.torch import rng
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,7 +1,0 @@
-"""Compact model code of the torch engine (Llama / Qwen2 / Qwen3 / Mistral families)."""
-
-from asyncrl.engine.model.config import SUPPORTED_ARCHITECTURES, ArchConfig
-from asyncrl.engine.model.decoder import CausalLM
-from asyncrl.engine.model.loader import build_from_hf, load_hf_folder, load_weights
-
-__all__ = ["SUPPORTED_ARCHITECTURES", "ArchConfig", "CausalLM", "build_from_hf", "load_hf_folder", "load_weights"]

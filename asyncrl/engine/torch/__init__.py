@@ -1,0 +1,1 @@
+"""The built-in torch generation engine: continuous batching, paged KV cache, exact per-token logprobs."""
