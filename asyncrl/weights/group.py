@@ -3,14 +3,27 @@
 One group per generator: the learner (rank 0) plus that generator's receiving rank(s) (rank_offset ..
 world_size - 1). A dead generator then only breaks its own group; the others keep receiving.
 
-Who blocks on what (each step has a timeout):
+Who blocks on what (every step has a timeout; the error names the side and what it waited for):
 
     learner (rank 0)                                   generator (rank r >= 1)
     host_store(address, port=0) -> port   (no wait)
     send WeightGroupInit(port) over ZeroMQ  ------->   connect_store(address, port)    (waits for the store)
     WeightGroup(store, rank=0)                         WeightGroup(store, rank=r)
       gloo: blocks until every rank has connected        (same)
-      nccl: returns at once; the first broadcast creates the communicator and blocks until all ranks join
+      nccl: returns at once (no communicator yet)        (same)
+    ... WeightBucket announced over ZeroMQ FIRST ... ->  (reads it)
+    broadcast #1: nccl creates the communicator   <==>  broadcast #1: same; BOTH ranks must be inside
+      (blocks until every rank is inside it)             ncclCommInitRank at once, so neither side may wait
+                                                         on a ZeroMQ message from the other while in it
+    broadcast #k>1: enqueued on NCCL's stream, returns; `wait` polls the work until done or timeout
+
+NCCL creates its communicator lazily at the first collective (SGLang's ranks join the same way: no barrier,
+no eager init), and that call blocks the caller until every rank is in it. So the first broadcast runs on
+a helper thread (with the caller's CUDA device set in it: a new thread starts on cuda:0) and the caller
+waits at most `timeout_s` for it (`WeightGroupError` "... rank r waited ... for the other ranks to enter
+the first broadcast"). A communicator whose peer never arrives keeps that helper thread until `close`
+aborts the group. Later broadcasts are issued from the caller's thread only, never concurrently with
+another collective on the same group.
 
 How it is built (checked on torch 2.11 and 2.13): a `TCPStore` (the learner hosts it, port 0 = any free
 port), wrapped in `PrefixStore`s, and the backend class constructed directly: `ProcessGroupGloo(store, rank,
@@ -25,7 +38,8 @@ checks this against the helper over gloo).
 
 Timeouts: gloo enforces the group timeout on every operation. NCCL's watchdog would tear the whole
 process down when an operation outlives the group timeout, so the NCCL group timeout is set well above
-ours: `wait` gives up after `timeout_s` and `close` aborts the communicator (which unblocks the stream).
+ours: `wait` gives up after `timeout_s` and `close` aborts this group's communicator only (which unblocks
+its stream); the process's default group and every other weight group are untouched.
 """
 
 from __future__ import annotations
@@ -34,7 +48,8 @@ import datetime
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -42,6 +57,7 @@ import torch.distributed as dist
 BACKENDS = ("gloo", "nccl")
 _STORE_DEVICE = {"gloo": "cpu", "nccl": "cuda"}  # first device of torch's BackendConfig for the backend
 _NCCL_TIMEOUT_SLACK_S = 300.0
+T = TypeVar("T")
 
 
 class WeightGroupError(RuntimeError):
@@ -75,6 +91,7 @@ class WeightGroup:
             raise ValueError(f"weight group rank {rank} outside world_size {world_size}")
         self.group_name, self.rank, self.world_size, self.backend = group_name, rank, world_size, backend
         self.timeout_s = timeout_s
+        self._connected = False
         self._store = store  # keep the TCPStore (the learner's hosts the server) alive with the group
         prefix = dist.PrefixStore(group_name, store)
         prefix = dist.PrefixStore(f"{_STORE_DEVICE[backend]}/", dist.PrefixStore(f"{group_name}/", prefix))
@@ -83,13 +100,32 @@ class WeightGroup:
         except Exception as e:
             raise WeightGroupError(f"weight group {group_name!r} rank {rank}/{world_size} ({backend}): {e}") from e
 
+    @property
+    def connected(self) -> bool:
+        """Whether a first broadcast completed its launch (an NCCL communicator exists)."""
+        return self._connected
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
-        """Start broadcasting `tensor` from rank `src`; returns the work to pass to `wait`."""
+        """Start broadcasting `tensor` from rank `src`; returns the work to pass to `wait`.
+
+        The first call may block until every rank is inside it (NCCL creates its communicator there): it
+        runs on a helper thread and gives up after `timeout_s`."""
+        pg = self._pg
+        if pg is None:
+            raise WeightGroupError(f"weight group {self.group_name!r} rank {self.rank}: broadcast on a closed group")
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
         try:
-            return self._pg.broadcast([tensor], opts)
+            if self._connected:
+                return pg.broadcast([tensor], opts)
+            work = run_bounded(lambda: pg.broadcast([tensor], opts), self.timeout_s, tensor.device,
+                               f"weight group {self.group_name!r} rank {self.rank}/{self.world_size} waited for the "
+                               f"other ranks to enter the first broadcast ({self.backend} connects there)")
+            self._connected = True
+            return work
+        except WeightGroupError:
+            raise
         except Exception as e:
             raise WeightGroupError(f"weight group {self.group_name!r}: broadcast failed: {e}") from e
 
@@ -99,7 +135,8 @@ class WeightGroup:
         pause = 1e-4
         while not work.is_completed():
             if time.monotonic() > deadline:
-                raise WeightGroupError(f"weight group {self.group_name!r}: broadcast timed out after {timeout_s:.1f}s")
+                raise WeightGroupError(f"weight group {self.group_name!r} rank {self.rank}/{self.world_size}: broadcast "
+                                       f"timed out after {timeout_s:.1f}s (a peer is gone or never posted its side)")
             time.sleep(pause)
             pause = min(pause * 2, 5e-3)
         try:
@@ -122,6 +159,31 @@ class WeightGroup:
             pass
         holder = [pg, store]
         threading.Thread(target=holder.clear, name=f"close-{self.group_name}", daemon=True).start()
+
+
+def run_bounded(fn: Callable[[], T], timeout_s: float, device: torch.device | None, what: str) -> T:
+    """Run `fn` on a daemon thread (with `device` current there) and wait at most `timeout_s` for it.
+
+    For calls that block inside a library with no timeout of their own (NCCL communicator creation). On
+    timeout the thread is left behind (aborting its group releases it) and WeightGroupError says `what`."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            if device is not None and device.type == "cuda":
+                torch.cuda.set_device(device)  # a new thread starts on cuda:0
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+            box["error"] = e
+
+    thread = threading.Thread(target=body, name="weights-bounded", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise WeightGroupError(f"{what}: timed out after {timeout_s:.1f}s")
+    if "error" in box:
+        raise WeightGroupError(f"{what}: {box['error']}") from box["error"]
+    return box["value"]
 
 
 def _make_backend(backend: str, store: dist.Store, rank: int, world_size: int, timeout_s: float) -> Any:

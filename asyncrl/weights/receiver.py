@@ -23,6 +23,7 @@ policy_version stays ahead of `version`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -102,9 +103,11 @@ class WeightReceiver:
             wait_ms = 0
             msg = self._recv_now()
             if isinstance(msg, WeightGroupInit):
-                self._join_group(msg)
+                with self._on_device():
+                    self._join_group(msg)
             elif isinstance(msg, WeightBegin):
-                return self._update(msg)
+                with self._on_device():
+                    return self._update(msg)
             elif isinstance(msg, Ack) and msg.info.get("stage") == "dropped":
                 self._on_dropped(str(msg.info.get("error", "")))
             elif msg is not None:
@@ -114,6 +117,11 @@ class WeightReceiver:
     def close(self) -> None:
         self._close_transport()
         self._sock.close(0)
+
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        """This generator's CUDA device is current while it joins and receives, whichever thread polls
+        (torch's current device is per thread, and a new thread starts on cuda:0)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ the update (one place)
 

@@ -197,17 +197,24 @@ class WeightSender:
             yield item
 
     def _send_bucket(self, live: list[_Member], index: int, flat: torch.Tensor, layout: BucketLayout, version: int, report: PushReport) -> list[_Member]:
+        """announce to every member -> launch every transfer -> wait for every transfer (see transport.py)."""
         t = time.perf_counter()
-        started = []
+        announced = []
         for m in live:
             try:
                 sending = m.transport.start(flat)
-                msg = WeightBucket(version=version, names=layout.names, dtypes=layout.dtypes, shapes=layout.shapes,
-                                   offsets=layout.offsets, nbytes=layout.nbytes, ipc_handle=sending.handle)
-                self._send(m, msg)
+                self._send(m, WeightBucket(version=version, names=layout.names, dtypes=layout.dtypes, shapes=layout.shapes,
+                                           offsets=layout.offsets, nbytes=layout.nbytes, ipc_handle=sending.handle))
+                announced.append((m, sending))
+            except Exception as e:
+                self._drop(m, f"bucket {index} announce: {e}", report)
+        started = []
+        for m, sending in announced:
+            try:
+                sending.launch()
                 started.append((m, sending))
             except Exception as e:
-                self._drop(m, f"bucket {index}: {e}", report)
+                self._drop(m, f"bucket {index} launch (learner waited for the generator to enter the broadcast): {e}", report)
         deadline = time.monotonic() + self.timeout_s
         ok = []
         for m, sending in started:
@@ -215,7 +222,7 @@ class WeightSender:
                 sending.wait(max(0.0, deadline - time.monotonic()))
                 ok.append(m)
             except Exception as e:
-                self._drop(m, f"bucket {index} transfer: {e}", report)
+                self._drop(m, f"bucket {index} transfer (learner waited for the bytes to arrive): {e}", report)
         report.transfer_s += time.perf_counter() - t
         return ok
 

@@ -6,8 +6,17 @@ transport only moves bytes. Two implementations:
 * `BroadcastTransport` — a `WeightGroup` broadcast (NCCL across GPUs, gloo on CPU).
 * `IpcTransport` (cuda_ipc.py) — the learner's CUDA buffer opened in place by a generator on the same GPU.
 
-Learner: `sending = transport.start(flat)`; announce `sending.handle` in the WeightBucket;
-`sending.wait(timeout_s)`; keep `flat` alive until the generator acks the bucket.
+Order on the learner, per bucket (this order is what keeps NCCL from deadlocking):
+
+    sending = transport.start(flat)     nothing moves yet; `sending.handle` is ready (CUDA IPC)
+    announce WeightBucket(handle)       ZeroMQ; the generator reads it and enters its side of the transfer
+    sending.launch()                    NCCL/gloo broadcast posted; the first one creates the communicator
+                                        and blocks until the generator is inside it too (bounded)
+    sending.wait(timeout_s)             bytes delivered; keep `flat` alive until the generator acks
+
+Launching before announcing deadlocks NCCL's first broadcast: the learner sits inside communicator
+creation while the generator waits for the announcement that would bring it there (gloo's broadcast is
+asynchronous, so that order once worked on CPU).
 Generator: `flat = transport.recv(bucket, device)` blocks until the bytes are there (or times out).
 """
 
@@ -24,6 +33,9 @@ from asyncrl.weights.group import WeightGroup
 class Sending(Protocol):
     handle: dict[str, Any] | None  # what the WeightBucket announces (CUDA IPC handle), else None
 
+    def launch(self) -> None:
+        """Start moving the bytes; call only after the WeightBucket went out."""
+
     def wait(self, timeout_s: float) -> None: ...
 
 
@@ -32,7 +44,7 @@ class WeightTransport(Protocol):
     kind: str  # "nccl" | "gloo" | "ipc"
 
     def start(self, flat: torch.Tensor) -> Sending:
-        """Learner: begin moving `flat` (uint8 [nbytes]) to the peer."""
+        """Learner: prepare moving `flat` (uint8 [nbytes]) to the peer; `launch()` moves it."""
 
     def recv(self, bucket: WeightBucket, device: torch.device) -> torch.Tensor:
         """Generator: the announced bucket's bytes as uint8 [nbytes] on `device`."""
@@ -57,10 +69,16 @@ class DirectReceiver(Protocol):
 class _Broadcasting:
     handle = None
 
-    def __init__(self, group: WeightGroup, work: Any, keep: torch.Tensor):
-        self._group, self._work, self._keep = group, work, keep
+    def __init__(self, group: WeightGroup, flat: torch.Tensor):
+        self._group, self._keep = group, flat
+        self._work: Any = None
+
+    def launch(self) -> None:
+        self._work = self._group.broadcast(self._keep)
 
     def wait(self, timeout_s: float) -> None:
+        if self._work is None:
+            raise RuntimeError("wait() before launch(): announce the bucket, then launch, then wait")
         self._group.wait(self._work, timeout_s)
         self._keep = None
 
@@ -73,7 +91,7 @@ class BroadcastTransport:
     def start(self, flat: torch.Tensor) -> Sending:
         if self.kind == "gloo" and flat.is_cuda:
             flat = flat.cpu()
-        return _Broadcasting(self.group, self.group.broadcast(flat), flat)
+        return _Broadcasting(self.group, flat)
 
     def recv(self, bucket: WeightBucket, device: torch.device) -> torch.Tensor:
         on = torch.device("cpu") if self.kind == "gloo" else device
