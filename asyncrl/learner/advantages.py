@@ -9,6 +9,7 @@ Two shapes of estimator:
 `reduce` (token-level only) sums a tensor over learner ranks so batch statistics are global; None
 means this process holds the whole batch. Reward shaping (`overlong_penalty`, `outcome_token_rewards`)
 and DAPO's group filter (`dapo_keep_mask`) are separate helpers the loop calls before the estimator.
+Formulas, deliberate choices and differences from TRL / verl: docs/algorithms.md.
 """
 
 from __future__ import annotations
@@ -70,20 +71,21 @@ def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
 
 def dapo_keep_mask(rewards: Tensor, group_ids: Tensor, tol: float = 1e-8) -> Tensor:
     """DAPO dynamic sampling: False for samples of groups whose rewards are all equal (zero advantage,
-    no signal).  [S] -> [S] bool"""
+    no signal). The paper passes accuracy here (the raw reward before overlong shaping).  [S] -> [S] bool"""
     g = int(group_ids.max()) + 1 if group_ids.numel() else 0
     hi = torch.full((g,), -torch.inf, dtype=rewards.dtype).scatter_reduce_(0, group_ids, rewards, "amax")
     lo = torch.full((g,), torch.inf, dtype=rewards.dtype).scatter_reduce_(0, group_ids, rewards, "amin")
     return ((hi - lo) > tol)[group_ids]
 
 
-def overlong_penalty(lengths: Tensor, max_len: Tensor, buffer: int, penalty: float) -> Tensor:
-    """DAPO soft overlong punishment added to the reward: 0 up to max_len - buffer, then falling linearly
-    to -penalty at max_len, -penalty beyond.  lengths [S], max_len [S] -> [S]"""
-    if buffer <= 0:
-        return torch.zeros_like(lengths, dtype=torch.float32)
-    excess = (lengths - (max_len - buffer)).to(torch.float32)  # [S] tokens into the buffer
-    return -penalty * (excess / buffer).clamp(0.0, 1.0)
+def overlong_penalty(lengths: Tensor, max_len: Tensor, buffer: int | Tensor, penalty: float) -> Tensor:
+    """DAPO soft overlong punishment added to the reward (paper eq. 13, times `penalty`): 0 up to
+    max_len - buffer, then ((max_len - buffer) - len) / buffer down to -1 at max_len, -1 beyond; no
+    penalty where buffer is 0.  lengths [S], max_len [S], buffer int or [S] -> [S]"""
+    buf = torch.as_tensor(buffer, dtype=torch.float32).expand(lengths.shape)  # [S]
+    excess = (lengths - max_len).to(torch.float32) + buf  # [S] tokens into the buffer
+    frac = (excess / buf.clamp(min=1.0)).clamp(0.0, 1.0)
+    return torch.where(buf > 0, -penalty * frac, torch.zeros_like(frac))
 
 
 # ---------------------------------------------------------------- token-level estimators

@@ -13,6 +13,8 @@ from typing import Literal
 
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
 LossAgg = Literal["auto", "token_mean", "seq_mean", "constant"]
+GroupFilter = Literal["auto", "off", "accuracy", "shaped"]
+RatioLevel = Literal["auto", "token", "sequence"]
 
 # Loss aggregation each algorithm uses when `loss_agg="auto"`.
 DEFAULT_LOSS_AGG: dict[str, str] = {
@@ -23,14 +25,20 @@ DEFAULT_LOSS_AGG: dict[str, str] = {
     "reinforce_pp": "token_mean",
     "ppo": "token_mean",
 }
+# The DAPO paper's recipe (Yu et al. 2025, sec. 3 and 4.1): clip-higher 0.28 and a soft overlong buffer of
+# 4,096 of 20,480 generated tokens, i.e. the last fifth of max_new_tokens.
+DAPO_CLIP_EPS_HIGH = 0.28
+DAPO_OVERLONG_BUFFER, DAPO_MAX_NEW_TOKENS = 4096, 20480
 
 
 @dataclass(kw_only=True, slots=True)
 class LearnerConfig:
     algorithm: Algorithm = "grpo"
     """Advantage estimator and loss family: grpo (group-normalised), dr_grpo (group mean, no std, constant
-    normaliser), dapo (grpo + drop all-equal groups, token-level mean, use clip_eps_high > clip_eps_low),
-    rloo (leave-one-out baseline), reinforce_pp (batch-normalised returns), ppo (value head + GAE)."""
+    normaliser), dapo (the DAPO paper's recipe: grpo advantages, clip-higher 0.28, token-level mean,
+    groups of equal accuracy dropped, soft overlong penalty; each part overridable by its own setting),
+    rloo (leave-one-out baseline, sequence-level ratio as in the RLOO paper), reinforce_pp
+    (batch-normalised returns), ppo (value head + GAE). Formulas: docs/algorithms.md."""
     steps: int = 40
     """Learner steps in the run."""
     lr: float = 1e-5
@@ -50,13 +58,28 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping (global norm); 0 disables clipping (the norm is still reported)."""
     clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    """PPO ratio clip range [1 - low, 1 + high] (DAPO: high > low, e.g. 0.28)."""
+    clip_eps_high: float | Literal["auto"] = "auto"
+    """PPO ratio clip range [1 - low, 1 + high]; auto: 0.28 for dapo (clip-higher), else = clip_eps_low."""
+    dual_clip: float = 3.0
+    """Dual-clip constant c (verl's clip_ratio_c): for negative advantages the token loss is capped at
+    -c * A, so a ratio far above 1 cannot blow up the loss. Must be > 1; 0 disables."""
+    ratio_level: RatioLevel = "auto"
+    """Importance ratio of the clipped surrogate. token: r_t = exp(logp_t - old_t) per token (PPO, GRPO);
+    sequence: rho = exp(sum_t (logp_t - old_t)) per sample, shared by its tokens (RLOO paper, TRL);
+    auto: sequence for rloo, token otherwise."""
     loss_agg: LossAgg = "auto"
     """How token losses become one number: token_mean (over all tokens of the batch), seq_mean (per
-    sequence, then over sequences), constant (sum / (sequences x max_new_tokens)); auto: per algorithm."""
+    sequence, then over sequences), constant (sum / (sequences x max_new_tokens)); auto: seq_mean for a
+    sequence-level ratio (one loss per sample), otherwise per algorithm (DEFAULT_LOSS_AGG)."""
+    filter_groups: GroupFilter = "auto"
+    """DAPO dynamic sampling: drop groups whose samples all score the same (zero advantage). accuracy:
+    compare the raw rewards (before overlong shaping; DAPO paper, verl's default); shaped: compare the
+    rewards after shaping; off: keep every group; auto: accuracy for dapo, off otherwise. Dropped groups
+    shrink the batch (no refill): see docs/algorithms.md."""
     kl_coef: float = 0.0
     """Weight of the KL to the frozen reference model (0: no reference model is loaded)."""
+    kl_clamp: float = 10.0
+    """The k3 KL term is clamped to [-kl_clamp, kl_clamp] per token (verl: 10); 0 disables."""
     kl_in_reward: bool = False
     """reinforce_pp / ppo: put the KL (k1) into the per-token reward instead of a k3 loss term."""
     off_policy: Literal["decoupled", "tis", "none"] = "decoupled"
@@ -69,9 +92,9 @@ class LearnerConfig:
     mini_batches: int = 1
     """Optimizer steps per learner step: the rank's groups are split into this many mini-batches, all
     clipped around the same proximal policy (one policy version per learner step)."""
-    overlong_buffer: int = 0
+    overlong_buffer: int | Literal["auto"] = "auto"
     """DAPO soft overlong penalty: the last this-many tokens before max_new_tokens get a linearly growing
-    penalty (0: off)."""
+    penalty (0: off); auto: the paper's last fifth of max_new_tokens (4,096 of 20,480) for dapo, else 0."""
     overlong_penalty: float = 1.0
     """Penalty at max_new_tokens (and beyond) when `overlong_buffer > 0`."""
     gamma: float = 1.0
@@ -88,10 +111,13 @@ class LearnerConfig:
     """Device per rank; default: cpu, or cuda:N when CUDA is present."""
     micro_batch_tokens: int = 4096
     """Tokens per forward/backward micro-batch (sequences are packed; a longer sequence goes alone)."""
-    logprob_chunk_tokens: int = 1024
-    """Response tokens per lm_head chunk: at most [chunk x vocab] fp32 logits exist at once."""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = "sdpa"
-    """Hugging Face attention kernel; all of these honour packed position_ids (see logprobs.py)."""
+    logprob_chunk_tokens: int = 4096
+    """Rows per lm_head chunk when a micro-batch's logits are too large to keep between forward and backward
+    (linear_logprob.KEEP_LOGITS_BYTES); smaller micro-batches run the lm_head in one matmul."""
+    attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2", "flash_attention_3"] = "auto"
+    """Attention kernel: varlen (FlashAttention over each packed sequence alone, CUDA; see attention.py) or a
+    Hugging Face one (sdpa / eager build a dense block-diagonal mask over the pack); auto: varlen on CUDA,
+    sdpa on CPU."""
     activation_checkpointing: bool = False
     """Recompute decoder layers in backward (less memory, ~30% more compute)."""
     checkpoint_every: int = 10
@@ -120,8 +146,12 @@ class LearnerConfig:
             raise ValueError(f"learner.max_grad_norm={self.max_grad_norm}: must be >= 0 (0 disables clipping)")
         for name in ("clip_eps_low", "clip_eps_high"):
             v = getattr(self, name)
-            if not 0.0 < v < 10.0:
+            if v != "auto" and not 0.0 < v < 10.0:
                 raise ValueError(f"learner.{name}={v}: must be in (0, 10); typical 0.2 (DAPO high: 0.28)")
+        if self.dual_clip != 0.0 and self.dual_clip <= 1.0:
+            raise ValueError(f"learner.dual_clip={self.dual_clip}: must be > 1 (verl's default 3) or 0 to disable")
+        if self.kl_clamp < 0:
+            raise ValueError(f"learner.kl_clamp={self.kl_clamp}: must be >= 0 (verl: 10; 0 disables)")
         if self.clip_eps_low >= 1.0:
             raise ValueError(f"learner.clip_eps_low={self.clip_eps_low}: must be < 1 so that 1 - low stays positive")
         if self.kl_coef < 0:
@@ -135,10 +165,10 @@ class LearnerConfig:
             raise ValueError(f"learner.importance_cap={self.importance_cap}: must be >= 1 (typical 2-5)")
         if self.mini_batches < 1:
             raise ValueError(f"learner.mini_batches={self.mini_batches}: must be >= 1")
-        if self.overlong_buffer < 0 or self.overlong_penalty < 0:
+        if (self.overlong_buffer != "auto" and self.overlong_buffer < 0) or self.overlong_penalty < 0:
             raise ValueError(
                 f"learner.overlong_buffer={self.overlong_buffer}, overlong_penalty={self.overlong_penalty}: "
-                "both must be >= 0"
+                "both must be >= 0 (overlong_buffer may also be \"auto\")"
             )
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(
@@ -167,8 +197,38 @@ class LearnerConfig:
 
     @property
     def resolved_loss_agg(self) -> str:
-        """The loss aggregation in effect (`loss_agg`, or the algorithm's default for "auto")."""
-        return DEFAULT_LOSS_AGG[self.algorithm] if self.loss_agg == "auto" else self.loss_agg
+        """The loss aggregation in effect (`loss_agg`, or its "auto" default: seq_mean for a sequence-level
+        ratio, else the algorithm's)."""
+        if self.loss_agg != "auto":
+            return self.loss_agg
+        return "seq_mean" if self.resolved_ratio_level == "sequence" else DEFAULT_LOSS_AGG[self.algorithm]
+
+    @property
+    def resolved_clip_eps_high(self) -> float:
+        """Upper clip epsilon in effect: `clip_eps_high`, or 0.28 for dapo / clip_eps_low otherwise."""
+        if self.clip_eps_high != "auto":
+            return self.clip_eps_high
+        return DAPO_CLIP_EPS_HIGH if self.algorithm == "dapo" else self.clip_eps_low
+
+    @property
+    def resolved_filter_groups(self) -> str:
+        """Group filter in effect: off, accuracy or shaped."""
+        if self.filter_groups != "auto":
+            return self.filter_groups
+        return "accuracy" if self.algorithm == "dapo" else "off"
+
+    @property
+    def resolved_ratio_level(self) -> str:
+        """Importance-ratio level in effect: token or sequence."""
+        if self.ratio_level != "auto":
+            return self.ratio_level
+        return "sequence" if self.algorithm == "rloo" else "token"
+
+    def overlong_buffer_for(self, max_new_tokens: int) -> int:
+        """Overlong buffer in tokens for a sample generated with `max_new_tokens` (0: no shaping)."""
+        if self.overlong_buffer != "auto":
+            return self.overlong_buffer
+        return max_new_tokens * DAPO_OVERLONG_BUFFER // DAPO_MAX_NEW_TOKENS if self.algorithm == "dapo" else 0
 
     @property
     def needs_value_head(self) -> bool:

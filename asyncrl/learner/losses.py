@@ -6,28 +6,82 @@ The loop combines them per token as
     loss   = sum_t agg_t * loss_t
 
 where `w_is` is the behaviour -> proximal importance weight (`importance_weights`), `pg` the clipped
-surrogate (`ppo_clip_loss`) and `agg` the per-token aggregation weight (`aggregation_weights`), which
+surrogate (`policy_loss`: token- or sequence-level ratio, dual-clip) and `agg` the per-token aggregation
+weight (`aggregation_weights`), which
 turns the sum into a token mean, a per-sequence mean, or a constant-normalised sum over the whole
 (global, all ranks) mini-batch. Because `agg` already holds the global normaliser, micro-batches and
 ranks simply add their sums.
+
+A sequence-level ratio (RLOO) gives every token of a sample the same loss value; with `seq_mean`
+aggregation the sample then counts once, as in the RLOO paper. Formulas and choices: docs/algorithms.md.
 """
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from asyncrl.learner.config import LearnerConfig
 
-def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float,
-                  eps_high: float) -> tuple[Tensor, Tensor]:
-    """Clipped surrogate with asymmetric range [1 - eps_low, 1 + eps_high] (DAPO clip-higher):
-    -min(r A, clip(r) A), r = exp(logp - old_logp). Returns (loss [n], clipped [n] bool: the clipped
-    branch was taken, so the token has no gradient)."""
-    ratio = torch.exp(logp - old_logp)  # [n]
-    unclipped = ratio * advantages
+# Log-ratios are clamped to +-20 before exp (as verl): exp(20) = 4.9e8 stays finite in fp32, so a wild
+# ratio cannot turn into inf * 0 = nan in backward. Beyond the bound the ratio has no gradient.
+LOG_RATIO_BOUND = 20.0
+
+
+def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, seq_lens: Tensor,
+                cfg: LearnerConfig) -> tuple[Tensor, Tensor]:
+    """The configured clipped surrogate per token. logp, old_logp, advantages [n] fp32 (response tokens
+    of a packed micro-batch, sequences contiguous), seq_lens [s] int64 with sum(seq_lens) == n.
+    Ratio per token (`ratio_level="token"`) or per sequence ("sequence"), clip range
+    [1 - clip_eps_low, 1 + clip_eps_high], dual-clip for negative advantages. Returns (loss [n],
+    clipped [n] bool: the token has no gradient because a clip branch was taken)."""
+    if cfg.resolved_ratio_level == "sequence":
+        ratio = sequence_ratio(logp, old_logp, seq_lens)
+    else:
+        ratio = token_ratio(logp, old_logp)
+    return clipped_surrogate(ratio, advantages, cfg.clip_eps_low, cfg.resolved_clip_eps_high, cfg.dual_clip)
+
+
+def token_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
+    """r_t = exp(logp_t - old_t).  [n] -> [n]"""
+    return torch.exp((logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
+def sequence_ratio(logp: Tensor, old_logp: Tensor, seq_lens: Tensor) -> Tensor:
+    """rho_s = exp(sum_{t in s} (logp_t - old_t)), the ratio of whole-sample probabilities, repeated on
+    each token of its sample.  [n], [n], seq_lens [s] -> [n]"""
+    seq_ids = torch.repeat_interleave(  # [n]; output_size avoids a device sync
+        torch.arange(len(seq_lens), device=logp.device), seq_lens.to(logp.device), output_size=logp.shape[0])
+    log_rho = torch.zeros(len(seq_lens), dtype=logp.dtype, device=logp.device).index_add(0, seq_ids, logp - old_logp)  # [s]
+    return torch.exp(log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))[seq_ids]
+
+
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
+                      dual_clip: float = 0.0) -> tuple[Tensor, Tensor]:
+    """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), then for A < 0 capped at -dual_clip * A (dual-clip,
+    Ye et al. 2020; verl's clip_ratio_c; 0: off). Returns (loss [n], clipped [n] bool: either cap taken,
+    so the token has no gradient)."""
+    unclipped = ratio * advantages  # [n]
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
-    return loss, (clipped < unclipped).detach()
+    no_grad = clipped < unclipped
+    if dual_clip > 0.0:
+        cap = -dual_clip * advantages  # [n] > 0 where A < 0
+        capped = (advantages < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        no_grad = no_grad | capped
+    return loss, no_grad.detach()
+
+
+def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float,
+                  eps_high: float, dual_clip: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Token-level clipped surrogate with asymmetric range [1 - eps_low, 1 + eps_high] (DAPO
+    clip-higher): -min(r A, clip(r) A), r = exp(logp - old_logp). Returns (loss [n], clipped [n] bool)."""
+    return clipped_surrogate(token_ratio(logp, old_logp), advantages, eps_low, eps_high, dual_clip)
 
 
 def importance_weights(prox_logp: Tensor, behav_logp: Tensor, mode: str, cap: float) -> tuple[Tensor, Tensor]:
@@ -46,10 +100,16 @@ def importance_weights(prox_logp: Tensor, behav_logp: Tensor, mode: str, cap: fl
     raise ValueError(f"off_policy={mode!r}: allowed values are 'decoupled', 'tis', 'none'")
 
 
-def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3 estimator of KL(pi || pi_ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased).  [n]"""
+def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: float = 10.0) -> Tensor:
+    """k3 estimator of KL(pi || pi_ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased),
+    clamped to [-clamp, clamp] as verl does (0: no clamp). With the clamp on, d = ref - logp is first
+    bounded to [-(clamp + 1), ln(clamp + 1) + 1], where k3 already exceeds `clamp`: the value is the same,
+    exp stays finite and clamped tokens get a zero (not nan) gradient.  [n] -> [n]"""
     d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
+    if clamp <= 0.0:
+        return torch.exp(d) - d - 1.0
+    d = d.clamp(-(clamp + 1.0), math.log(clamp + 1.0) + 1.0)
+    return (torch.exp(d) - d - 1.0).clamp(-clamp, clamp)
 
 
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -59,8 +119,9 @@ def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> tuple[Tensor, Tensor]:
     """Clipped value loss 0.5 * max((V - R)^2, (clip(V, V_old +- clip) - R)^2).
-    Returns (loss [n], clipped [n] bool: the clipped term was the larger)."""
-    v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+    Returns (loss [n], clipped [n] bool: the clipped term was the larger). V is clamped between the
+    bounds (not V_old + clamp(V - V_old), which differs from an in-range V by an ulp and would count it)."""
+    v_clipped = torch.clamp(values, old_values - clip, old_values + clip)  # [n]
     l1 = (values - returns) ** 2
     l2 = (v_clipped - returns) ** 2
     return 0.5 * torch.maximum(l1, l2), (l2 > l1).detach()

@@ -4,10 +4,13 @@ Every rank receives the whole `records.Batch` and runs this deterministically, s
 quantities (reward shaping, DAPO's group filter, group-normalised advantages, loss normalisers, the
 number of micro-batches per mini-batch) agree across ranks without communication:
 
-    flatten (drop failed / empty) -> overlong penalty -> DAPO filter -> outcome advantages
+    flatten (drop failed / empty) -> overlong penalty -> group filter (DAPO) -> outcome advantages
     -> groups dealt to ranks round-robin -> each rank's groups split into `mini_batches`
     -> packed micro-batches, padded with fillers to the same count on every rank
     -> per-token aggregation weights from the global (all ranks) totals of each mini-batch
+
+The group filter drops groups without signal; the batch then trains on fewer samples (it is not refilled),
+and the loss normalisers count only the kept samples, so the per-token scale of the update is unchanged.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ def prepare_batch(batch: records.Batch, cfg: LearnerConfig, rank: int, world_siz
                   version: int) -> PreparedBatch:
     seqs, skipped = flatten_batch(batch)
     metrics = reward_metrics(seqs, skipped, len(batch.groups))
+    accuracy = _rewards(seqs)  # [S] the raw rewards, before shaping
     shape_rewards(seqs, cfg)
-    if cfg.algorithm == "dapo":
-        seqs = dapo_filter(seqs)
+    seqs = filter_groups(seqs, accuracy, cfg.resolved_filter_groups)
     metrics["groups_kept"] = float(len({s.group for s in seqs}))
     if seqs and not adv.is_token_level(cfg.algorithm):
         set_outcome_advantages(seqs, cfg.algorithm)
@@ -80,20 +83,23 @@ def reward_metrics(seqs: list[SeqRecord], skipped: int, groups: int) -> dict[str
 
 def shape_rewards(seqs: list[SeqRecord], cfg: LearnerConfig) -> None:
     """Add the overlong penalty (DAPO soft punishment) to each reward, in place."""
-    if cfg.overlong_buffer <= 0 or not seqs:
+    buffers = torch.tensor([cfg.overlong_buffer_for(s.max_new_tokens) for s in seqs], dtype=torch.int64)  # [S]
+    if not bool((buffers > 0).any()):
         return
     lengths = torch.tensor([len(s.response) for s in seqs])
     max_len = torch.tensor([s.max_new_tokens for s in seqs])
-    pen = adv.overlong_penalty(lengths, max_len, cfg.overlong_buffer, cfg.overlong_penalty)
+    pen = adv.overlong_penalty(lengths, max_len, buffers, cfg.overlong_penalty)
     for s, p in zip(seqs, pen.tolist()):
         s.reward += p
 
 
-def dapo_filter(seqs: list[SeqRecord]) -> list[SeqRecord]:
-    """Drop groups whose rewards are all equal; re-index the rest."""
-    if not seqs:
+def filter_groups(seqs: list[SeqRecord], accuracy: torch.Tensor, mode: str) -> list[SeqRecord]:
+    """DAPO dynamic sampling: drop groups whose `accuracy` ([S], the raw rewards) or, for mode "shaped",
+    shaped rewards are all equal; re-index the rest. Mode "off" keeps every group."""
+    if mode == "off" or not seqs:
         return seqs
-    keep = adv.dapo_keep_mask(_rewards(seqs), _group_ids(seqs)).tolist()
+    metric = accuracy if mode == "accuracy" else _rewards(seqs)  # [S]
+    keep = adv.dapo_keep_mask(metric, _group_ids(seqs)).tolist()
     kept = [s for s, k in zip(seqs, keep) if k]
     for i, s in enumerate(kept):
         s.index = i

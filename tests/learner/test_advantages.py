@@ -104,3 +104,11 @@ def test_registry():
     assert adv.is_token_level("ppo") and not adv.is_token_level("grpo")
     with pytest.raises(ValueError, match="unknown algorithm"):
         adv.is_token_level("a2c")
+
+
+def test_overlong_penalty_per_sample_buffer_paper_formula():
+    # DAPO eq. 13: ((L_max - L_cache) - |y|) / L_cache inside the buffer; -1 past L_max; buffer 0: no penalty
+    lengths = torch.tensor([3, 5, 8, 16, 17, 20])
+    max_len = torch.tensor([8, 8, 8, 20, 20, 20])
+    pen = adv.overlong_penalty(lengths, max_len, torch.tensor([4, 4, 4, 4, 0, 0]), penalty=0.5)
+    close(pen, [0.0, -0.125, -0.5, 0.0, 0.0, 0.0])
