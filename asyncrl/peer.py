@@ -6,12 +6,21 @@
 
 Long polls (LeaseRequest, ScoreRequest, BatchRequest) wait up to their `wait_s` on the hub, so a request
 waits `timeout_s + wait_s` here. After a timeout the socket is replaced (a late reply must never be taken
-for the answer to the next request). Messages the hub pushes unasked (`Completion`s for clients that
+for the answer to the next request); within `reconnect_s` of the first attempt the request is sent again
+on the new socket (the launcher restarts a dead hub from its log; every hub request is safe to repeat:
+a repeat is either answered again or refused with a reason), after that TimeoutError is raised.
+
+Authentication (asyncrl.credentials): the socket proves `credentials` (default: the role and key the
+launcher put in the environment, `Credentials.from_env()`; none: an unauthenticated hub, e.g. in tests).
+`reconnect_s` defaults to ASYNCRL_HUB_RECONNECT_S from the launcher, else 0.
+
+Messages the hub pushes unasked (`Completion`s for clients that
 submitted with watch=True) are kept in order and read with `receive()`. Not thread-safe: one per thread.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import Any
@@ -20,8 +29,10 @@ import zmq
 
 from asyncrl import records as R
 from asyncrl import wire
+from asyncrl.credentials import Credentials
 
 PUSHED = (R.Completion,)  # messages the hub sends without a request
+ENV_RECONNECT = "ASYNCRL_HUB_RECONNECT_S"
 
 
 class HubError(RuntimeError):
@@ -35,11 +46,17 @@ class HubError(RuntimeError):
 
 class HubPeer:
     def __init__(self, endpoint: str, name: str, timeout_s: float = 30.0,
-                 max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES, credentials: Credentials | None = None,
+                 reconnect_s: float | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s}: must be > 0")
         self.endpoint, self.name, self.timeout_s = endpoint, name, timeout_s
         self.max_frame_bytes = max_frame_bytes
+        self.credentials = credentials if credentials is not None else Credentials.from_env()
+        self.reconnect_s = float(os.environ.get(ENV_RECONNECT, "0")) if reconnect_s is None else reconnect_s
+        if self.reconnect_s < 0:
+            raise ValueError(f"reconnect_s={self.reconnect_s}: must be >= 0 (0 = fail on the first timeout)")
+        self.reconnects = 0
         self.ctx = zmq.Context.instance()
         self.pushed: deque[Any] = deque()
         self.sock = self._connect()
@@ -47,12 +64,25 @@ class HubPeer:
     def _connect(self) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self.credentials is not None:
+            self.credentials.apply(sock, self.name, self.endpoint)
         sock.connect(self.endpoint)
         return sock
 
     def request(self, msg: Any) -> Any:
         """Send `msg`, return the hub's reply record. Raises HubError or TimeoutError."""
-        self.sock.send(wire.encode(msg), copy=False)
+        frame = wire.encode(msg)
+        give_up = time.monotonic() + self.reconnect_s
+        while True:
+            try:
+                return self._attempt(msg, frame)
+            except TimeoutError:
+                if time.monotonic() >= give_up:
+                    raise
+                self.reconnects += 1
+
+    def _attempt(self, msg: Any, frame: bytes) -> Any:
+        self.sock.send(frame, copy=False)
         budget = self.timeout_s + float(getattr(msg, "wait_s", 0.0))
         deadline = time.monotonic() + budget
         while True:

@@ -295,6 +295,15 @@ class Shutdown:
     reason: str = ""
 
 
+@dataclass(kw_only=True, slots=True)
+class PeerDown:
+    """The launcher saw process `name` die: the hub gives its leases back to the queue at once."""
+
+    service: str  # "generator", ...
+    name: str  # e.g. "generator-0"
+    reason: str = ""
+
+
 # ---------------------------------------------------------------- weight push (learner <-> generator)
 # One protocol for every engine, shaped like SGLang's (docs/sglang-api.md §3-4); see asyncrl.weights.
 

@@ -4,6 +4,7 @@
 
 Prints {"endpoint": ...} as one JSON line once bound and writes the same endpoint to RUN_DIR/replay.endpoint
 (atomically: temp file + rename), where the launcher and `asyncrl.Client(run_dir=...)` read it.
+Every peer must authenticate with the run's secret (RUN_DIR/secret, created here if the launcher did not).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 from asyncrl.config.run import load_run_config
+from asyncrl.credentials import RunSecret
 from asyncrl.replay.hub import Hub, install_uvloop
 from asyncrl.rundir import load_config
 
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(run_dir) if launched else load_run_config(args.config, args.set)
     run_dir.mkdir(parents=True, exist_ok=True)
     install_uvloop()
-    hub = Hub(cfg.hub, cfg.batch, run_dir, args.endpoint)
+    hub = Hub(cfg.hub, cfg.batch, run_dir, args.endpoint, secret=RunSecret.ensure(run_dir))
     try:
         write_endpoint(run_dir, hub.endpoint)
         print(json.dumps({"endpoint": hub.endpoint}), flush=True)

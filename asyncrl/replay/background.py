@@ -1,6 +1,7 @@
 """`BackgroundHub`: a hub served from a daemon thread with its own event loop (tests, notebooks, embedding).
 
     hub = BackgroundHub(HubConfig(), BatchConfig(), run_dir=None)   # binds a free loopback port
+    hub = BackgroundHub(..., secret=RunSecret.ensure(run_dir))      # peers must authenticate (roles checked)
     client = asyncrl.Client(hub.endpoint)
     hub.stop()
 """
@@ -18,11 +19,11 @@ from asyncrl.replay.hub import Hub
 
 class BackgroundHub:
     def __init__(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None,
-                 endpoint: str = "tcp://127.0.0.1:0") -> None:
+                 endpoint: str = "tcp://127.0.0.1:0", secret: bytes | None = None) -> None:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.hub: Hub | None = None
-        self.thread = threading.Thread(target=self._run, args=(cfg, batch, run_dir, endpoint), daemon=True,
+        self.thread = threading.Thread(target=self._run, args=(cfg, batch, run_dir, endpoint, secret), daemon=True,
                                        name="asyncrl-hub")
         self.thread.start()
         if not self._ready.wait(30):
@@ -31,9 +32,10 @@ class BackgroundHub:
             raise self._error
         self.endpoint: str = self.hub.endpoint  # type: ignore[union-attr]
 
-    def _run(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None, endpoint: str) -> None:
+    def _run(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None, endpoint: str,
+             secret: bytes | None) -> None:
         try:  # the hub's sockets are made and used on this thread only
-            self.hub = Hub(cfg, batch, run_dir, endpoint)
+            self.hub = Hub(cfg, batch, run_dir, endpoint, secret)
         except BaseException as e:
             self._error = e
             self._ready.set()

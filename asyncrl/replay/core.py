@@ -26,6 +26,7 @@ from asyncrl.config.batch import BatchConfig
 from asyncrl.replay.config import HubConfig
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.peers import PeerTable
+from asyncrl.replay.roles import Caller, refusal
 from asyncrl.replay.scoring import ScoreDispatch
 from asyncrl.replay.stats import hub_stats
 
@@ -54,7 +55,8 @@ class HubCore:
         self.outbox: list[tuple[Envelope, Any]] = []  # (envelope, record or encoded frame)
         self.batch_frames: dict[int, bytes] = {}  # step -> encoded Batch (re-delivery, several ranks)
         self.counters = {"rejected_frames": 0, "rejected_requests": 0, "internal_errors": 0, "requests": 0,
-                         "rejected_sample_batches": 0}
+                         "rejected_sample_batches": 0, "refused_requests": 0}
+        self.auth: dict[str, int] | None = None  # connection counters of the hub's ZAP handler, when it has one
         self.shutdown = False
         self.handlers: dict[type, Callable[[Envelope, Any, Any, float], Any]] = {
             R.SubmitPrompts: self._submit, R.LeaseRequest: self._lease, R.SampleBatch: self._samples,
@@ -62,13 +64,14 @@ class HubCore:
             R.ScoredBatch: self._scored,
             R.BatchRequest: self._batch, R.CommitStep: self._commit, R.WeightVersion: self._version,
             R.Heartbeat: self._heartbeat, R.FatalError: self._fatal, R.Shutdown: self._shutdown,
-            R.StatsRequest: self._stats,
+            R.StatsRequest: self._stats, R.PeerDown: self._peer_down,
         }
 
     # ------------------------------------------------------------------------------ entry points
 
-    def handle(self, envelope: Envelope, frame: Any, now: float) -> None:
-        """One request frame (bytes or a zmq.Frame) from the peer behind `envelope`."""
+    def handle(self, envelope: Envelope, frame: Any, now: float, caller: Caller | None = None) -> None:
+        """One request frame (bytes or a zmq.Frame) from the peer behind `envelope`; `caller` is its
+        authenticated role and name (None: a hub without authentication, nothing to check)."""
         data = memoryview(frame)  # no copy: stored samples keep views into it (a zmq.Frame is never reused)
         self.counters["requests"] += 1
         try:
@@ -80,6 +83,9 @@ class HubCore:
         if handler is None:
             return self._reject_frame(envelope, f"{type(msg).__name__} is not a request the hub serves",
                                       type(msg).__name__)
+        refused = refusal(caller, msg, self.state.leases)
+        if refused:
+            return self._refuse(envelope, refused, type(msg).__name__)
         try:
             reply = handler(envelope, data, msg, now)
         except ValueError as e:
@@ -262,8 +268,20 @@ class HubCore:
         self.shutdown = True
         return R.Ack()
 
+    def _peer_down(self, env: Envelope, frame: Any, msg: R.PeerDown, now: float) -> R.Ack:
+        """The launcher saw `msg.name` die: its leases go back to the queue now, not at their timeout."""
+        back = sum(self.journal.return_prompts(e.lease_id, list(e.prompt_ids))
+                   for e in self.state.leases.held_by(msg.name))
+        if back:
+            log.info("%s %s is down (%s): %d leased prompts back in the queue", msg.service, msg.name,
+                     msg.reason[:200], back)
+        return R.Ack(info={"returned": back})
+
     def _stats(self, env: Envelope, frame: Any, msg: R.StatsRequest, now: float) -> R.Stats:
-        return R.Stats(counters=hub_stats(self, now))
+        counters = hub_stats(self, now)
+        if self.auth is not None:
+            counters["auth"] = dict(self.auth)
+        return R.Stats(counters=counters)
 
     # ---------------------------------------------------------------------------------- helpers
 
@@ -280,6 +298,13 @@ class HubCore:
         if isinstance(msg, R.ScoreRequest):
             return R.ToScore(items=[])
         return R.Ack(ok=False, info={"reason": "timeout"})
+
+    def _refuse(self, env: Envelope, reason: str, request_type: str) -> None:
+        """The caller's role may not send this (or not for this lease): counted, logged, answered."""
+        self.counters["refused_requests"] += 1
+        if _worth_logging(self.counters["refused_requests"]):
+            log.warning("refused request #%d %s: %s", self.counters["refused_requests"], request_type, reason)
+        self.outbox.append((env, R.ErrorReply(reason=f"refused: {reason}", request_type=request_type)))
 
     def _reject_frame(self, env: Envelope, reason: str, request_type: str) -> None:
         self.counters["rejected_frames"] += 1

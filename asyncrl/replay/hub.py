@@ -18,6 +18,10 @@ ones are dropped and counted.
 One turn of the loop: wait for frames (or the tick) → drain up to `BURST` frames and handle them →
 tick (expire leases, time out long polls) or pump parked requests → fsync the log → send replies.
 Replies leave only after the log holds what they acknowledge.
+
+Trust: with the run's `secret` every connection must authenticate (asyncrl.zap: PLAIN on loopback,
+CURVE elsewhere) and each request carries its connection's role and name (`Caller`), which HubCore
+checks against what the role may send. Without a secret the hub binds loopback only.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ import zmq.asyncio
 from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.config.batch import BatchConfig
+from asyncrl.credentials import is_local
 from asyncrl.replay.config import HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.journal import Journal
+from asyncrl.replay.roles import Caller
+from asyncrl.zap import ZapHandler
 
 log = logging.getLogger("asyncrl.replay")
 
@@ -47,17 +54,25 @@ LOG_NAME = "replay.log"
 
 class Hub:
     def __init__(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None,
-                 endpoint: str | None = None) -> None:
+                 endpoint: str | None = None, secret: bytes | None = None) -> None:
+        endpoint = endpoint or cfg.endpoint
+        if secret is None and not is_local(endpoint):
+            raise ValueError(f"hub endpoint {endpoint}: binding a non-loopback address needs the run secret "
+                             "(CURVE); start the hub through the launcher or bind tcp://127.0.0.1")
         log_path = Path(run_dir) / LOG_NAME if run_dir is not None and cfg.log else None
         self.journal = Journal.open(log_path, cfg.fsync)
         self.core = HubCore(cfg, batch, self.journal)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.zap = ZapHandler(self.ctx, secret) if secret is not None else None
+        if self.zap is not None:
+            self.zap.secure(self.sock, endpoint)
+            self.core.auth = self.zap.counters
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * cfg.max_frame_bytes)  # beyond: transport drops the peer
-        self.endpoint = _bind(self.sock, endpoint or cfg.endpoint)
+        self.endpoint = _bind(self.sock, endpoint)
         self.raw = zmq.Socket.shadow(self.sock.underlying)  # sync view: drain/send without awaiting
         self._running = False
         self._next_tick = 0.0
@@ -92,6 +107,8 @@ class Hub:
         self._running = False
         self.journal.close()
         self.sock.close(linger=0)
+        if self.zap is not None:
+            self.zap.close()
         self.ctx.term()
 
     def _drain(self, now: float) -> None:
@@ -100,7 +117,17 @@ class Hub:
                 parts = self.raw.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self.core.handle([p.bytes for p in parts[:-1]], parts[-1], now)
+            self.core.handle([p.bytes for p in parts[:-1]], parts[-1], now, self._caller(parts[-1]))
+
+    def _caller(self, frame: zmq.Frame) -> Caller | None:
+        """The role (ZAP User-Id) and name (X-Name metadata) of the connection that sent `frame`."""
+        if self.zap is None:
+            return None
+        try:
+            name = frame.get("X-Name")
+        except zmq.ZMQError:  # the peer sent no name
+            name = ""
+        return Caller(role=frame.get("User-Id"), name=name)
 
     def _flush(self) -> None:
         outbox, self.core.outbox = self.core.outbox, []

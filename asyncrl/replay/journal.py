@@ -62,7 +62,7 @@ class Journal:
     def grant(self, generator: str, count: int, now: float, ttl_s: float) -> tuple[LeaseEntry, list[R.Prompt]] | None:
         got = self.state.grant(generator, count, now, ttl_s)
         if got is not None:
-            self._log("grant", generator, count, now, ttl_s)
+            self._log("grant", generator, count, now, ttl_s, got[0].lease_id)
         return got
 
     def add_samples(self, frame: bytes | memoryview, msg: R.SampleBatch) -> Outcome:

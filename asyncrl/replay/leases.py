@@ -4,10 +4,15 @@ A lease is opened by `HubState.grant`, shrinks as the samples of its prompts arr
 returned, and closes when empty. A lease past its deadline is expired by `HubState.expire(now)`: its
 still-leased samples go back to the queue. Deadlines are wall-clock seconds (time.time()), so a lease
 logged before a restart still expires after it.
+
+Lease ids are unguessable (`L<n>-<16 random hex digits>`): only the generator that was granted a
+lease learns its id. The log records each id with its grant, so a replay rebuilds the same ids.
+`held_by(generator)` lists the leases of a generator the launcher saw die; the hub returns them at once.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 
@@ -22,11 +27,13 @@ class LeaseEntry:
 class LeaseTable:
     def __init__(self) -> None:
         self.leases: dict[str, LeaseEntry] = {}
-        self.issued = 0  # lease ids are "L<issued>": deterministic, so replay rebuilds the same ids
+        self.issued = 0
 
-    def open(self, generator: str, prompt_ids: list[str], expires_at: float) -> LeaseEntry:
+    def open(self, generator: str, prompt_ids: list[str], expires_at: float, lease_id: str = "") -> LeaseEntry:
+        """A new lease; `lease_id` is given on log replay (else a fresh unguessable id)."""
         self.issued += 1
-        entry = LeaseEntry(f"L{self.issued}", generator, expires_at, dict.fromkeys(prompt_ids))
+        lease_id = lease_id or f"L{self.issued}-{secrets.token_hex(8)}"
+        entry = LeaseEntry(lease_id, generator, expires_at, dict.fromkeys(prompt_ids))
         self.leases[entry.lease_id] = entry
         return entry
 
@@ -39,6 +46,9 @@ class LeaseTable:
         entry.prompt_ids.pop(prompt_id, None)
         if not entry.prompt_ids:
             del self.leases[lease_id]
+
+    def held_by(self, generator: str) -> list[LeaseEntry]:
+        return [e for e in self.leases.values() if e.generator == generator]
 
     def overdue(self, now: float) -> list[LeaseEntry]:
         return [e for e in self.leases.values() if e.expires_at <= now]

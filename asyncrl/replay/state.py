@@ -98,12 +98,14 @@ class HubState:
         self._check()
         return [p.prompt_id for p in prompts]
 
-    def grant(self, generator: str, count: int, now: float, ttl_s: float) -> tuple[LeaseEntry, list[Prompt]] | None:
-        """Lease up to `count` queued prompts to `generator` until `now + ttl_s`; None if none."""
+    def grant(self, generator: str, count: int, now: float, ttl_s: float,
+              lease_id: str = "") -> tuple[LeaseEntry, list[Prompt]] | None:
+        """Lease up to `count` queued prompts to `generator` until `now + ttl_s`; None if none.
+        `lease_id` is the logged id on replay (else a fresh one)."""
         take = [self.queue.popleft() for _ in range(min(count, len(self.queue)))]
         if not take:
             return None
-        entry = self.leases.open(generator, take, now + ttl_s)
+        entry = self.leases.open(generator, take, now + ttl_s, lease_id)
         for pid in take:
             g = self.groups[pid]
             g.phase, g.lease_id = Phase.OUT, entry.lease_id

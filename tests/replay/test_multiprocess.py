@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl import records as R
+from asyncrl.credentials import Credentials, RunSecret
 from asyncrl.peer import HubPeer
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
@@ -45,18 +46,23 @@ def test_service_and_peer_processes_train_every_sample_once(tmp_path):
         assert (tmp_path / "replay.endpoint").read_text().strip() == endpoint
         assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":0")
         steps = 5
-        with HubPeer(endpoint, "feeder") as feeder:
+        secret = RunSecret.load(tmp_path)  # the service made it; peers prove a role with it
+        launcher = Credentials.for_role(secret, "launcher")
+        with HubPeer(endpoint, "feeder", credentials=launcher) as feeder:
             feeder.request(R.SubmitPrompts(prompts=[R.Prompt(prompt_id=f"q{i}", n=2, text="x") for i in range(2 * steps)]))
         roles = {"generator": 2 * steps, "scorer": 4 * steps, "learner": steps}
+        kinds = {"generator": "generator", "scorer": "reward", "learner": "learner"}
         peers = [subprocess.Popen([sys.executable, str(PEERS), role, endpoint, str(count)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT) for role, count in roles.items()]
+                                  stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                  env={**env(), **Credentials.for_role(secret, kinds[role]).to_env()})
+                 for role, count in roles.items()]
         results = {}
         for p in peers:
             out, err = p.communicate(timeout=60)
             assert p.returncode == 0, err
             results.update(json.loads(out))
         assert results == {"generator": {"prompts": 10}, "scorer": {"samples": 20}, "learner": {"trained": 20}}
-        with HubPeer(endpoint, "check") as peer:
+        with HubPeer(endpoint, "check", credentials=launcher) as peer:
             before = peer.request(R.StatsRequest()).counters
         assert before["accounting"]["trained"] == 20 and before["accounting"]["lost"] == 0
         assert before["policy_version"] == steps and set(before["peers"]) >= {"generator-0", "scorer-0", "learner-0"}
@@ -64,7 +70,7 @@ def test_service_and_peer_processes_train_every_sample_once(tmp_path):
         stop_service(proc)
     proc, endpoint = start_service(tmp_path)  # restart on the same run directory
     try:
-        with HubPeer(endpoint, "check") as peer:
+        with HubPeer(endpoint, "check", credentials=launcher) as peer:
             after = peer.request(R.StatsRequest()).counters
         for key in ("states", "transitions", "events", "policy_version", "next_step", "committed_step"):
             assert after[key] == before[key], key
