@@ -56,7 +56,8 @@ def sequence_ratio(logp: Tensor, old_logp: Tensor, seq_lens: Tensor) -> Tensor:
     each token of its sample.  [n], [n], seq_lens [s] -> [n]"""
     seq_ids = torch.repeat_interleave(  # [n]; output_size avoids a device sync
         torch.arange(len(seq_lens), device=logp.device), seq_lens.to(logp.device), output_size=logp.shape[0])
-    log_rho = torch.zeros(len(seq_lens), dtype=logp.dtype, device=logp.device).index_add(0, seq_ids, logp - old_logp)  # [s]
+    log_rho = torch.zeros(len(seq_lens), dtype=logp.dtype, device=logp.device)  # [s]
+    log_rho = log_rho.index_add(0, seq_ids, logp - old_logp)
     return torch.exp(log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))[seq_ids]
 
 
