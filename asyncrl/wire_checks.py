@@ -55,13 +55,20 @@ def key(k: Any, where: Where) -> str:
     return k
 
 
-def any_value(v: Any, where: Where) -> Any:
+MAX_ANY_DEPTH = 16  # nesting allowed inside a free-form field (metadata, info, params)
+
+
+def any_value(v: Any, where: Where, depth: int = 0) -> Any:
+    """A free-form value (an `Any` field): plain msgpack data, nested at most MAX_ANY_DEPTH levels
+    (the recursion is bounded by that, never by the sender)."""
     if type(v) is slice:
         raise fail(where, "plain msgpack value", v)
+    if isinstance(v, dict | list) and depth >= MAX_ANY_DEPTH:
+        raise WireError(f"{path(where)}: nests deeper than {MAX_ANY_DEPTH} levels")
     if isinstance(v, dict):
-        return {key(k, where): any_value(x, where) for k, x in v.items()}
+        return {key(k, where): any_value(x, where, depth + 1) for k, x in v.items()}
     if isinstance(v, list):
-        return [any_value(x, where) for x in v]
+        return [any_value(x, where, depth + 1) for x in v]
     return v
 
 

@@ -26,6 +26,7 @@ import msgpack
 import numpy as np
 
 from asyncrl import records as R
+from asyncrl.wire_bounds import bound
 from asyncrl.wire_checks import Check, Where, WireError
 from asyncrl.wire_checks import any_value as _any
 from asyncrl.wire_checks import dict_of as _dict
@@ -293,8 +294,10 @@ def _unpackb(data: bytes | memoryview) -> Any:
 
 
 def _check_size(frame: bytes | memoryview, max_frame_bytes: int) -> None:
+    """Size, then structure (depth, value count) where the frame could build much: before any unpacking."""
     if len(frame) > max_frame_bytes:
         raise WireError(f"frame of {len(frame)} bytes exceeds max_frame_bytes={max_frame_bytes}")
+    bound(frame)
 
 
 def decode(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Any:
@@ -392,6 +395,7 @@ def _body_with_spans(u: msgpack.Unpacker, spans: list[tuple[int, int]]) -> Any:
 def message_type(frame: bytes | memoryview) -> str:
     """Best-effort type name of a frame, for error replies; '' when unreadable."""
     try:
+        bound(frame)
         top = msgpack.unpackb(frame, raw=False, ext_hook=lambda c, d: None)
         return str(top.get("t", ""))[:64] if isinstance(top, dict) else ""
     except Exception:

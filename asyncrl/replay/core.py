@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +28,7 @@ from asyncrl.replay.journal import Journal
 from asyncrl.replay.peers import PeerTable
 from asyncrl.replay.roles import Caller, refusal
 from asyncrl.replay.scoring import ScoreDispatch
-from asyncrl.replay.stats import hub_stats
+from asyncrl.replay.stats import hub_stats, rejection_kind
 
 log = logging.getLogger("asyncrl.replay")
 
@@ -57,6 +57,7 @@ class HubCore:
         self.counters = {"rejected_frames": 0, "rejected_requests": 0, "internal_errors": 0, "requests": 0,
                          "rejected_sample_batches": 0, "refused_requests": 0}
         self.auth: dict[str, int] | None = None  # connection counters of the hub's ZAP handler, when it has one
+        self.rejected: Counter[str] = Counter()  # rejected frames by `rejection_kind` (a fixed, small set)
         self.shutdown = False
         self.handlers: dict[type, Callable[[Envelope, Any, Any, float], Any]] = {
             R.SubmitPrompts: self._submit, R.LeaseRequest: self._lease, R.SampleBatch: self._samples,
@@ -76,9 +77,10 @@ class HubCore:
         self.counters["requests"] += 1
         try:
             msg = wire.decode_packed(data, self.cfg.max_frame_bytes)
-        except wire.WireError as e:
+        except Exception as e:  # WireError, or a decoder bug: either way the frame fails, never the hub
             kind = wire.message_type(data) if len(data) <= self.cfg.max_frame_bytes else ""
-            return self._reject_frame(envelope, str(e), kind)
+            reason = str(e) if isinstance(e, wire.WireError) else f"decoder error: {type(e).__name__}: {e}"
+            return self._reject_frame(envelope, reason, kind)
         handler = self.handlers.get(type(msg))
         if handler is None:
             return self._reject_frame(envelope, f"{type(msg).__name__} is not a request the hub serves",
@@ -123,6 +125,10 @@ class HubCore:
                 except ValueError as e:
                     self.counters["rejected_requests"] += 1
                     reply = R.ErrorReply(reason=str(e), request_type=type(p.msg).__name__)
+                except Exception as e:  # a bug must not take the hub down (as in `handle`)
+                    self.counters["internal_errors"] += 1
+                    log.exception("internal error serving parked %s", type(p.msg).__name__)
+                    reply = R.ErrorReply(reason=f"internal error: {type(e).__name__}", request_type=type(p.msg).__name__)
                 if reply is None:
                     queue.append(p)
                 else:
@@ -308,9 +314,10 @@ class HubCore:
 
     def _reject_frame(self, env: Envelope, reason: str, request_type: str) -> None:
         self.counters["rejected_frames"] += 1
+        self.rejected[rejection_kind(reason)] += 1
         if _worth_logging(self.counters["rejected_frames"]):
             log.warning("rejected frame #%d (%s): %s", self.counters["rejected_frames"], request_type or "?", reason[:300])
-        self.outbox.append((env, R.ErrorReply(reason=reason[:2000], request_type=request_type)))
+        self.outbox.append((env, R.ErrorReply(reason=reason[:500], request_type=request_type)))  # bounded reply
 
 
 def _worth_logging(count: int) -> bool:

@@ -50,6 +50,7 @@ log = logging.getLogger("asyncrl.replay")
 BURST = 1024  # frames handled per loop turn before the log is synced and replies go out
 TICK_S = 0.05  # lease expiry and long-poll timeouts run at least this often
 LOG_NAME = "replay.log"
+RECV_BUDGET_BYTES = 256 << 20  # frames ZeroMQ may queue per connection before it stops reading from it
 
 
 class Hub:
@@ -69,9 +70,10 @@ class Hub:
         if self.zap is not None:
             self.zap.secure(self.sock, endpoint)
             self.core.auth = self.zap.counters
-        self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        # A flood costs bounded memory: per connection at most RCVHWM queued frames of <= MAXMSGSIZE each.
         self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * cfg.max_frame_bytes)  # beyond: transport drops the peer
+        self.sock.setsockopt(zmq.RCVHWM, recv_hwm(cfg.max_frame_bytes))
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.endpoint = _bind(self.sock, endpoint)
         self.raw = zmq.Socket.shadow(self.sock.underlying)  # sync view: drain/send without awaiting
         self._running = False
@@ -149,6 +151,12 @@ def _frame(msg: Any) -> bytes:
     except (TypeError, ValueError) as e:  # a reply the wire cannot carry is a bug: say so, don't crash
         log.exception("cannot encode %s", type(msg).__name__)
         return wire.encode(R.ErrorReply(reason=f"hub could not encode reply: {e}", request_type=""))
+
+
+def recv_hwm(max_frame_bytes: int) -> int:
+    """Receive high-water mark (frames per connection) that keeps queued frames within RECV_BUDGET_BYTES
+    (at least 4: peers are request/reply; past the mark ZeroMQ applies TCP backpressure, nothing is lost)."""
+    return max(4, min(10_000, RECV_BUDGET_BYTES // (2 * max_frame_bytes)))
 
 
 def _bind(sock: zmq.Socket, endpoint: str) -> str:

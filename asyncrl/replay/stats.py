@@ -36,6 +36,7 @@ def hub_stats(core: HubCore, now: float) -> dict[str, Any]:
         "admissible": st.admissible(cfg.max_staleness, core.batch.prompts_per_step),
         "dropped_stale": events.get("dropped_stale", 0),
         "rejected_frames": core.counters["rejected_frames"],
+        "rejected": dict(core.rejected),
         "hub": dict(core.counters),
         "parked": {kind.__name__: len(q) for kind, q in core.parked.items()},
         "watchers": len(core.watchers),
@@ -65,3 +66,17 @@ def accounting(core: HubCore) -> dict[str, int]:
 def _log_stats(core: HubCore) -> dict[str, Any]:
     w = core.journal.writer
     return {"path": str(w.path), "records": w.records, "bytes": w.bytes} if w is not None else {}
+
+
+# Rejection reasons by the words that start or mark them (first match wins); the keys are a fixed set,
+# so a flood of distinct bad frames cannot grow the counter.
+_KINDS = (("exceeds max_frame_bytes", "too_large"), ("not msgpack", "not_msgpack"), ("nests deeper", "too_deep"),
+          ("holds more than", "too_many_values"), ("truncated", "truncated"), ("claims", "truncated"),
+          ("envelope", "no_envelope"), ("schema version", "schema_version"), ("unknown message type", "unknown_type"),
+          ("not a request", "not_a_request"), ("decoder error", "decoder_error"))
+
+
+def rejection_kind(reason: str) -> str:
+    """The counter a rejected frame's reason goes to: one of `_KINDS`' names, else "invalid"."""
+    head = reason[:200]
+    return next((kind for words, kind in _KINDS if words in head), "invalid")
