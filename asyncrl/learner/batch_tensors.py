@@ -11,13 +11,14 @@ predict it; `gather_idx` lists those positions so only response rows ever reach 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from asyncrl import records
+from asyncrl.learner.attention import cu_seqlens
 
 
 @dataclass(slots=True)
@@ -87,6 +88,8 @@ class MicroBatch:
     mask: Tensor  # [n] float32, 0 only for the filler token of a filler micro-batch
     seq_lens: Tensor  # [s] response lengths
     seq_index: list[int]  # SeqRecord.index per sequence (-1: filler)
+    cu_seqlens: Tensor  # [s + 1] int32, input-token boundaries of the packed sequences (varlen attention)
+    max_seqlen: int  # longest packed sequence (input tokens)
     # Filled by the trainer before the update:
     advantages: Tensor | None = None  # [n]
     agg_weights: Tensor | None = None  # [n] per-token loss weights (losses.aggregation_weights)
@@ -96,7 +99,6 @@ class MicroBatch:
     ref_logp: Tensor | None = None  # [n]
     old_values: Tensor | None = None  # [n]
     returns: Tensor | None = None  # [n]
-    extras: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -143,10 +145,12 @@ def build_micro_batch(seqs: list[SeqRecord]) -> MicroBatch:
         start += p + r - 1
     t = lambda parts: torch.from_numpy(np.concatenate(parts))
     n = sum(len(s.response) for s in seqs)
+    lengths = [s.num_input_tokens for s in seqs]
     return MicroBatch(
         input_ids=t(ids)[None], position_ids=t(pos)[None], gather_idx=t(gather), targets=t(targets),
         temperature=t(temps), behav_logp=t(behav).float(), versions=t(vers), mask=torch.ones(n),
         seq_lens=torch.tensor([len(s.response) for s in seqs]), seq_index=[s.index for s in seqs],
+        cu_seqlens=cu_seqlens(lengths), max_seqlen=max(lengths),
         advantages=torch.from_numpy(np.concatenate([np.full(len(s.response), s.advantage, np.float32) for s in seqs])),
     )
 

@@ -12,6 +12,17 @@ one plain file per component, readable without torch.distributed and loadable wi
 (The trade-off: rank 0 holds the whole fp32 model + optimizer state in CPU memory while saving; for
 models past tens of billions of parameters a sharded `dcp.save` layout would be the next step.)
 Assumes a filesystem shared by the learner ranks (one host, or a network mount).
+
+Non-blocking saves (`CheckpointWriter.save(background=True)`): the learner stalls only for the snapshot —
+the state dict is gathered (a collective) and, with one rank, copied device-to-device (a few ms per GB)
+so the optimizer may go on changing the live tensors — then a background thread copies the snapshot to
+host memory, writes and fsyncs the files and renames the folder into place. At most one save is in flight
+(a second waits for the first). A crash during the background write leaves only a `.tmp-*` folder: the
+previous checkpoint stays the latest. The learner reports a step as committed to the hub only once its
+checkpoint is on disk (`CheckpointWriter.finished`).
+
+    learner thread:  train k ─ snapshot(k) ─ train k+1 ─ train k+2 ─ finished() -> [k] -> CommitStep(k)
+    writer thread:                 └─ to host, write, fsync, rename ─┘
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import os
 import random
 import re
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,30 +73,119 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def save_checkpoint(run_dir: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: Any, step: int, policy_version: int, extra: dict[str, Any],
                     keep: int = 0) -> Path:
-    """Collective under FSDP (every rank calls it). Returns the final checkpoint folder."""
-    info = fsdp.dist_info()
-    root = Path(run_dir) / "checkpoints"
-    final, tmp = root / f"step-{step:08d}", root / f".tmp-step-{step:08d}"
-    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=info.sharded))
-    if info.rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    fsdp.barrier()
-    _write(tmp / f"rng-rank{info.rank}.pt", rng_state())
-    if info.rank == 0:
-        _write(tmp / "model.pt", msd)
-        _write(tmp / "optimizer.pt", osd)
-        _write(tmp / "scheduler.pt", scheduler.state_dict())
-    fsdp.barrier()
-    if info.rank == 0:
+    """Collective under FSDP (every rank calls it); returns once the checkpoint is on disk."""
+    writer = CheckpointWriter()
+    writer.save(run_dir, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
+                policy_version=policy_version, extra=extra, keep=keep, background=False)
+    writer.wait()
+    return Path(run_dir) / "checkpoints" / f"step-{step:08d}"
+
+
+class CheckpointWriter:
+    """Writes checkpoints, at most one in the background at a time (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._finished: list[tuple[int, Path]] = []
+        self._lock = threading.Lock()
+
+    def save(self, run_dir: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+             step: int, policy_version: int, extra: dict[str, Any], keep: int = 0, background: bool = True) -> None:
+        """Collective under FSDP. Snapshots the state now; writes it now or in the background."""
+        self.wait()
+        info = fsdp.dist_info()
+        root = Path(run_dir) / "checkpoints"
+        tmp = root / f".tmp-step-{step:08d}"
+        if info.rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        fsdp.barrier()
+        _write(tmp / f"rng-rank{info.rank}.pt", rng_state())
+        multi = info.sharded and info.world_size > 1
+        msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=multi))
+        fsdp.barrier()
+        if info.rank == 0:
+            self._start(msd, osd, scheduler, step, policy_version, extra, keep, info, tmp, background)
+        if not background:
+            fsdp.barrier()  # every rank returns with the checkpoint in place
+
+    def _start(self, msd: dict[str, Any], osd: dict[str, Any], scheduler: Any, step: int, policy_version: int,
+               extra: dict[str, Any], keep: int, info: fsdp.DistInfo, tmp: Path, background: bool) -> None:
+        multi = info.sharded and info.world_size > 1
+        state = {"model.pt": msd, "optimizer.pt": osd, "scheduler.pt": scheduler.state_dict()}
+        if not multi:  # views of the live tensors: copy before the optimizer moves on
+            state = _copied(state)
         meta = {"step": step, "policy_version": policy_version, "extra": extra, "world_size": info.world_size}
-        _write_bytes(tmp / "meta.json", json.dumps(meta, indent=1).encode())
-        _fsync_dir(tmp)
-        _replace_dir(tmp, final)
-        _prune(root, keep)
-    fsdp.barrier()
-    return final
+        ready = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            ready = (torch.cuda.Event(), torch.cuda.current_device())
+            ready[0].record()  # the snapshot's copies are queued on this stream
+        job = (state, meta, tmp, tmp.parent / f"step-{step:08d}", keep, ready)
+        if background:
+            self._thread = threading.Thread(target=self._run, args=job, name="checkpoint-writer", daemon=True)
+            self._thread.start()
+        else:
+            self._run(*job)
+
+    def finished(self) -> list[tuple[int, Path]]:
+        """(step, folder) of every checkpoint completed since the last call; raises a background failure."""
+        with self._lock:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise RuntimeError(f"checkpoint write failed: {error}") from error
+            done, self._finished = self._finished, []
+        return done
+
+    def wait(self) -> list[tuple[int, Path]]:
+        """Block until no write is in flight; then as `finished`."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return self.finished()
+
+    def _run(self, state: dict[str, Any], meta: dict[str, Any], tmp: Path, final: Path, keep: int,
+             ready: tuple[torch.cuda.Event, int] | None) -> None:
+        try:
+            if ready is not None:  # device-to-host copies on a side stream, beside the training kernels
+                torch.cuda.set_device(ready[1])  # a new thread starts on cuda:0
+                stream = torch.cuda.Stream()
+                stream.wait_event(ready[0])
+                with torch.cuda.stream(stream):
+                    state = _to_host(state)
+            for name, obj in state.items():
+                _write(tmp / name, _to_host(obj))
+            _write_bytes(tmp / "meta.json", json.dumps(meta, indent=1).encode())
+            _fsync_dir(tmp)
+            _replace_dir(tmp, final)
+            _prune(final.parent, keep)
+            with self._lock:
+                self._finished.append((meta["step"], final))
+        except BaseException as e:  # noqa: BLE001 - handed to the learner thread by finished()
+            with self._lock:
+                self._error = e
+
+
+def _copied(obj: Any) -> Any:
+    """Tensors cloned on their own device (device-to-device on GPU); containers rebuilt."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _copied(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_copied(v) for v in obj)
+    return obj
+
+
+def _to_host(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj)
+    return obj
 
 
 def load_checkpoint(path: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -2,15 +2,19 @@
 
 With an initialised default process group (any world size, gloo on CPU, NCCL on GPU) the model is
 sharded with `fully_shard`: one FSDP unit per decoder layer (the classes HF lists in `_no_split_modules`)
-and the `PolicyModel` as root (embeddings, final norm, lm_head, value head). Master parameters stay fp32;
-on GPU the compute dtype is bf16 with fp32 gradient reduction (`MixedPrecisionPolicy`). Without a
-process group the model is used as is (a single process; bf16 then runs under autocast).
+and the `PolicyModel` as root (embeddings, final norm, lm_head, value head). Master parameters stay fp32
+and only the optimizer touches them; forward and backward run on bf16 copies that FSDP makes once per
+unit per micro-batch, with fp32 gradient reduction (`MixedPrecisionPolicy`). A single process that trains
+in bf16 joins a one-rank group of its own (`init_single_rank`) so it gets the same mixed precision instead
+of autocast over fp32 weights (which re-casts every weight in every matmul). Without a group (fp32, e.g.
+the CPU default) the model is used as is.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,6 +41,15 @@ def dist_info(device: str | torch.device | None = None) -> DistInfo:
     world = dist.get_world_size() if sharded else 1
     dev = torch.device(device) if device is not None else default_device(rank)
     return DistInfo(rank=rank, world_size=world, device=dev, sharded=sharded)
+
+
+def init_single_rank(device: torch.device) -> None:
+    """A one-rank process group over a file store in a fresh temporary folder (no port, nothing to
+    collide with), for a Trainer used outside the launcher."""
+    import tempfile
+
+    store = dist.FileStore(str(Path(tempfile.mkdtemp(prefix="asyncrl-pg-")) / "store"), 1)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -2,7 +2,7 @@
 policy's trunk), with a forward over one packed micro-batch.
 
 It is the FSDP2 root, so the lm_head and the value head (root parameters) are unsharded while
-`forward` runs the chunked logprob computation outside the HF model's own forward. Hugging Face names
+`forward` runs the fused logprob computation outside the HF model's own forward. Hugging Face names
 stay reachable through `.hf` (weight push, export); the value head lives outside them.
 """
 
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
-from asyncrl.learner.logprobs import chunked_logprobs
+from asyncrl.learner.logprobs import head_logprobs
 
 
 class PolicyModel(nn.Module):
@@ -27,17 +27,23 @@ class PolicyModel(nn.Module):
             nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, gather_idx: Tensor, targets: Tensor,
-                temperature: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """input_ids, position_ids [1, T]; gather_idx, targets, temperature [n]
-        -> (logprobs [n] fp32, entropy [n] fp32 no grad, values [n] fp32 or None)."""
+                temperature: Tensor, cu_seqlens: Tensor | None = None,
+                max_seqlen: int = 0) -> tuple[Tensor, Tensor, Tensor | None]:
+        """input_ids, position_ids [1, T]; gather_idx, targets, temperature [n]; cu_seqlens [s + 1] int32
+        (sequence boundaries of the pack, read by varlen attention) -> (logprobs [n] fp32, entropy [n] fp32
+        no grad, values [n] fp32 or None)."""
+        varlen = {} if cu_seqlens is None else {
+            "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_seqlen,
+            "max_length_k": max_seqlen}
         decoder = self.hf.get_decoder()
-        hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0]  # [T, H]
+        hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                         **varlen).last_hidden_state[0]  # [T, H]
         hidden = hidden.index_select(0, gather_idx)  # [n, H]
-        logp, entropy = chunked_logprobs(
+        logp, entropy = head_logprobs(
             hidden, self.hf.get_output_embeddings(), targets, temperature, self.chunk_tokens, self.softcap)
         values = None
         if self.value_head is not None:
-            values = self.value_head(hidden).squeeze(-1).float()  # [n]
+            values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()  # [n]
         return logp, entropy, values
 
 

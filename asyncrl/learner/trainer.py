@@ -1,32 +1,39 @@
-"""The learner's Trainer: owns the policy (FSDP2 when a process group exists), the frozen reference
-model (only when kl_coef > 0), the optimizer and the schedule; one `train_step` per hub batch.
+"""The learner's Trainer: owns the policy (FSDP2), the frozen reference model (only when kl_coef > 0), the
+optimizer and the schedule; one `train_step` per hub batch.
 
 One learner step, on every rank (each gets the whole batch; prepare.py deals whole groups to ranks):
 
-    prepare_batch            rewards -> shaping -> filter -> outcome advantages -> packed micro-batches
-    _old_pass (no grad)      proximal logprobs (decoupled / tis), old values (ppo), reference logprobs
-    _token_advantages        reinforce_pp / ppo: per-token returns, whitened over all ranks
-    for each mini-batch:     forward + loss + backward per micro-batch, clip, AdamW step
-    scheduler.step; version += 1
+    prepare      host: rewards -> shaping -> filter -> outcome advantages -> packed micro-batches
+    to_device    every micro-batch's tensors to the device, once
+    old pass     no grad, only where needed: old values (ppo), reference logprobs (kl), and proximal
+                 logprobs when there are several mini-batches. With one mini-batch the proximal policy IS
+                 the current weights, so its logprobs are the training forward's own, detached (the same
+                 kernels on the same weights give the same numbers) and the pass is skipped: ~1/4 of a step
+    advantages   reinforce_pp / ppo: per-token returns, whitened over all ranks
+    update       per mini-batch: forward + loss + backward per micro-batch, clip, AdamW step
 
 Every rank runs the same number of micro-batches (fillers pad the short ones), so FSDP's collectives
 line up. Losses carry the global normaliser (losses.aggregation_weights) and are scaled by world size
 because FSDP averages gradients over ranks: the update equals the single-process update on the batch.
+Compute runs in bf16 on GPU through FSDP2's mixed precision (a lone process joins a one-rank group),
+attention is variable-length over the pack (attention.py) and the lm_head is fused with the logprob
+(linear_logprob.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from asyncrl import records
 from asyncrl.learner import advantages as adv
+from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner import export as exp
 from asyncrl.learner import fsdp, losses
@@ -35,27 +42,32 @@ from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.model import PolicyModel, load_hf
 from asyncrl.learner.optim import build_optimizer, build_scheduler, clip_grad_norm
 from asyncrl.learner.prepare import PreparedBatch, prepare_batch
-
+from asyncrl.learner.step_stats import StepStats
 
 class Trainer:
     def __init__(self, cfg: LearnerConfig, model_path: str, *, dtype: str = "auto",
                  device: str | torch.device | None = None, seed: int = 0) -> None:
         self.cfg = cfg
         self.model_path = model_path
+        device = fsdp.dist_info(device).device
+        self.dtype = fsdp.compute_dtype(dtype, device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if self.dtype != torch.float32 and not dist.is_initialized():
+            fsdp.init_single_rank(device)
         self.dist = fsdp.dist_info(device)
-        self.dtype = fsdp.compute_dtype(dtype, self.dist.device)
-        if self.dist.device.type == "cuda":
-            torch.cuda.set_device(self.dist.device)
+        self.attn = attention.resolve(cfg.attn_implementation, device)
         torch.manual_seed(seed)
         self.policy = self._build(model_path, cfg.needs_value_head, trainable=True)
         self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 else None
         self.optimizer = build_optimizer(self.policy.parameters(), cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
+        self.checkpoints = ckpt.CheckpointWriter()
         self.version = 0  # policy version of the current weights (generators stamp tokens with it)
         self.step = 0  # last completed learner step
 
     def _build(self, path: str, value_head: bool, trainable: bool) -> PolicyModel:
-        hf = load_hf(path, self.cfg.attn_implementation)
+        hf = load_hf(path, self.attn)
         if trainable and self.cfg.activation_checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model = PolicyModel(hf, value_head, self.cfg.logprob_chunk_tokens).to(self.dist.device)
@@ -71,63 +83,69 @@ class Trainer:
         every rank."""
         t0 = time.perf_counter()
         prep = prepare_batch(batch, self.cfg, self.dist.rank, self.dist.world_size, self.version)
-        for mbs in prep.mini_batches:
-            for mb in mbs:
-                mb.to(self.dist.device)
+        for mb in self._micro_batches(prep):
+            mb.to(self.dist.device)
         self._old_pass(prep)
         if adv.is_token_level(self.cfg.algorithm):
             self._token_advantages(prep)
-        sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros((), device=self.dist.device))
-        maxes: dict[str, Tensor] = defaultdict(lambda: torch.full((), -torch.inf, device=self.dist.device))
-        grad_norms = []
-        self.policy.train()
-        for mbs in prep.mini_batches:
-            self.optimizer.zero_grad(set_to_none=True)
-            for mb in mbs:
-                self._backward(mb, sums, maxes)
-            grad_norms.append(clip_grad_norm(self.policy.parameters(), self.cfg.max_grad_norm))
-            self.optimizer.step()
+        stats = StepStats(self.dist.device)
+        grad_norms = self._update(prep, stats)
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         self.version += 1
         self.step = batch.step
-        metrics = self._metrics(prep, sums, maxes)
+        metrics = {**prep.metrics, **stats.reduce(len(prep.mini_batches))}
         metrics.update(grad_norm=max(grad_norms, default=0.0), lr=lr, optimizer_steps=float(len(grad_norms)),
                        policy_version=float(self.version), step_time_s=time.perf_counter() - t0)
         return metrics
 
+    @staticmethod
+    def _micro_batches(prep: PreparedBatch) -> Iterator[MicroBatch]:
+        for mbs in prep.mini_batches:
+            yield from mbs
+
     def _forward(self, model: PolicyModel, mb: MicroBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+        varlen = (mb.cu_seqlens, mb.max_seqlen) if self.attn == attention.NAME else (None, 0)
         with fsdp.autocast(self.dist, self.dtype):
-            return model(mb.input_ids, mb.position_ids, mb.gather_idx, mb.targets, mb.temperature)
+            return model(mb.input_ids, mb.position_ids, mb.gather_idx, mb.targets, mb.temperature, *varlen)
 
     @torch.no_grad()
     def _old_pass(self, prep: PreparedBatch) -> None:
         """Quantities of the weights before this step's update, per micro-batch (no grad)."""
-        need_prox = self.cfg.off_policy != "none" or self.cfg.needs_value_head
+        deferred = self._prox_from_update(prep)
+        need_prox = (self.cfg.off_policy != "none" and not deferred) or self.cfg.needs_value_head
         self.policy.eval()
-        for mbs in prep.mini_batches:
-            for mb in mbs:
-                mb.old_logp = mb.behav_logp
-                if need_prox:
-                    logp, _, values = self._forward(self.policy, mb)
-                    mb.old_values = values
-                    if self.cfg.off_policy != "none":
-                        mb.old_logp = logp
-                mb.is_weights, mb.is_dropped = losses.importance_weights(
-                    mb.old_logp, mb.behav_logp, self.cfg.off_policy, self.cfg.importance_cap)
-                if self.ref is not None:
-                    self.ref.eval()
-                    mb.ref_logp = self._forward(self.ref, mb)[0]
+        for mb in self._micro_batches(prep):
+            mb.old_logp = None if deferred else mb.behav_logp
+            if need_prox:
+                logp, _, values = self._forward(self.policy, mb)
+                mb.old_values = values
+                if self.cfg.off_policy != "none":
+                    mb.old_logp = logp
+            if mb.old_logp is not None:
+                self._set_importance(mb)
+            if self.ref is not None:
+                self.ref.eval()
+                mb.ref_logp = self._forward(self.ref, mb)[0]
+
+    def _prox_from_update(self, prep: PreparedBatch) -> bool:
+        """The proximal logprobs can come from the update's own forward: one mini-batch (so its forward runs
+        on the weights before this step), and nothing reads them before the update (KL-in-reward does)."""
+        return (self.cfg.off_policy != "none" and len(prep.mini_batches) == 1
+                and not (self.cfg.kl_in_reward and self.ref is not None))
+
+    def _set_importance(self, mb: MicroBatch) -> None:
+        mb.is_weights, mb.is_dropped = losses.importance_weights(
+            mb.old_logp, mb.behav_logp, self.cfg.off_policy, self.cfg.importance_cap)
 
     def _token_advantages(self, prep: PreparedBatch) -> None:
         """reinforce_pp / ppo: per-token rewards (+ KL-in-reward) -> returns / GAE, whitened globally."""
         seq_parts: list[tuple[MicroBatch, int, int, int]] = []  # (mb, start, length, seq index)
-        for mbs in prep.mini_batches:
-            for mb in mbs:
-                start = 0
-                for length, index in zip(mb.seq_lens.tolist(), mb.seq_index):
-                    seq_parts.append((mb, start, length, index))
-                    start += length
+        for mb in self._micro_batches(prep):
+            start = 0
+            for length, index in zip(mb.seq_lens.tolist(), mb.seq_index):
+                seq_parts.append((mb, start, length, index))
+                start += length
         real = [p for p in seq_parts if p[3] >= 0]
         width = max((p[2] for p in real), default=1)
         mask = torch.zeros(len(real), width)  # [B, L]
@@ -150,15 +168,30 @@ class Trainer:
             mb.advantages[s:s + n] = a[i, :n].to(mb.advantages.device)
             mb.returns[s:s + n] = ret[i, :n].to(mb.returns.device)
 
-    def _backward(self, mb: MicroBatch, sums: dict[str, Tensor], maxes: dict[str, Tensor]) -> None:
+    def _update(self, prep: PreparedBatch, stats: StepStats) -> list[float]:
+        """Forward + backward of every micro-batch, one optimizer step per mini-batch. Returns grad norms."""
+        grad_norms = []
+        self.policy.train()
+        for mbs in prep.mini_batches:
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in mbs:
+                self._backward(mb, stats)
+            grad_norms.append(clip_grad_norm(self.policy.parameters(), self.cfg.max_grad_norm))
+            self.optimizer.step()
+        return grad_norms
+
+    def _backward(self, mb: MicroBatch, stats: StepStats) -> None:
         cfg = self.cfg
         logp, entropy, values = self._forward(self.policy, mb)
-        pg, clipped = losses.ppo_clip_loss(logp, mb.old_logp, mb.advantages, cfg.clip_eps_low, cfg.clip_eps_high)
+        if mb.old_logp is None:  # proximal = these weights (one mini-batch): this forward's own logprobs
+            mb.old_logp = logp.detach()
+            self._set_importance(mb)
+        pg, clipped = losses.policy_loss(logp, mb.old_logp, mb.advantages, mb.seq_lens, cfg)
         token_loss = mb.is_weights * pg  # [n]
         terms = {"pg_loss": losses.aggregate(token_loss, mb.agg_weights)}
         if self.ref is not None:
-            kl = losses.kl_k3(logp, mb.ref_logp)
-            sums["kl"] += (kl.detach() * mb.mask).sum()
+            kl = losses.kl_k3(logp, mb.ref_logp, clamp=cfg.kl_clamp)
+            stats.add_masked_sum("kl", kl.detach(), mb.mask)
             if not cfg.kl_in_reward:
                 token_loss = token_loss + cfg.kl_coef * kl
                 terms["kl_loss"] = losses.aggregate(cfg.kl_coef * kl, mb.agg_weights)
@@ -166,47 +199,11 @@ class Trainer:
             vl, vclipped = losses.value_loss(values, mb.old_values, mb.returns, cfg.value_clip)
             token_loss = token_loss + cfg.value_coef * vl
             terms["value_loss"] = losses.aggregate(vl, mb.agg_weights)
-            sums["value_clip_frac"] += (vclipped.float() * mb.mask).sum()
+            stats.add_masked_sum("value_clip_frac", vclipped, mb.mask)
         loss = losses.aggregate(token_loss, mb.agg_weights)
         (loss * self.dist.world_size).backward()
-        m = mb.mask
-        sums["loss"] += loss.detach()
-        for k, v in terms.items():
-            sums[k] += v.detach()
-        sums["n"] += m.sum()
-        sums["entropy"] += (entropy * m).sum()
-        sums["clip_frac"] += (clipped.float() * m).sum()
-        sums["adv"] += (mb.advantages * m).sum()
-        sums["adv_sq"] += (mb.advantages ** 2 * m).sum()
-        sums["is_weight"] += (mb.is_weights * m).sum()
-        sums["is_dropped"] += (mb.is_dropped.float() * m).sum()
-        sums["behav_prox_absdiff"] += ((mb.old_logp - mb.behav_logp).abs() * m).sum()
-        big = torch.full_like(m, -torch.inf)
-        maxes["adv_max"] = torch.maximum(maxes["adv_max"], torch.where(m > 0, mb.advantages, big).max())
-        maxes["adv_neg_min"] = torch.maximum(maxes["adv_neg_min"], torch.where(m > 0, -mb.advantages, big).max())
-        maxes["is_weight_max"] = torch.maximum(maxes["is_weight_max"], torch.where(m > 0, mb.is_weights, big).max())
-
-    def _metrics(self, prep: PreparedBatch, sums: dict[str, Tensor], maxes: dict[str, Tensor]) -> dict[str, float]:
-        out = dict(prep.metrics)
-        keys = sorted(sums)
-        s = dict(zip(keys, fsdp.all_reduce(torch.stack([sums[k] for k in keys])).tolist())) if keys else {}
-        mkeys = sorted(maxes)
-        mx = dict(zip(mkeys, fsdp.all_reduce(torch.stack([maxes[k] for k in mkeys]), "max").tolist())) if mkeys else {}
-        n = max(s.get("n", 0.0), 1.0)
-        mini = max(len(prep.mini_batches), 1)
-        for k in ("loss", "pg_loss", "kl_loss", "value_loss"):
-            if k in s:
-                out[k] = s[k] / mini  # each mini-batch's loss is already normalised
-        for k in ("entropy", "clip_frac", "kl", "value_clip_frac", "is_weight"):
-            if k in s:
-                out[k if k != "is_weight" else "is_weight_mean"] = s[k] / n
-        if "n" in s:
-            mean = s["adv"] / n
-            out.update(adv_mean=mean, adv_std=max(s["adv_sq"] / n - mean * mean, 0.0) ** 0.5,
-                       adv_max=mx["adv_max"], adv_min=-mx["adv_neg_min"], is_weight_max=mx["is_weight_max"],
-                       is_dropped_frac=s["is_dropped"] / n, behav_prox_logp_absdiff=s["behav_prox_absdiff"] / n,
-                       trained_tokens=s["n"])
-        return out
+        stats.add_terms({"loss": loss, **terms})
+        stats.add_tokens(mb, entropy, clipped)
 
     # ------------------------------------------------------------------ weights, checkpoints, export
 

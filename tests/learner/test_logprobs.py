@@ -1,12 +1,15 @@
-"""Packed, chunked logprobs equal a plain per-sequence HF forward's log_softmax(logits / T)."""
+"""Packed, fused logprobs equal a plain per-sequence HF forward's log_softmax(logits / T); the fused
+lm_head + logprob function equals autograd through F.linear + log_softmax, in values and gradients."""
 
 import numpy as np
+import pytest
 import torch
 from learner_helpers import make_batch
 from transformers import AutoModelForCausalLM
 
 from asyncrl.learner.batch_tensors import build_micro_batch, flatten_batch
-from asyncrl.learner.logprobs import chunked_logprobs, reference_logprobs
+from asyncrl.learner.linear_logprob import linear_logprob
+from asyncrl.learner.logprobs import reference_logprobs
 from asyncrl.learner.model import PolicyModel
 
 
@@ -33,29 +36,38 @@ def test_greedy_temperature_means_raw_logits(tiny_model):
     assert seqs[0].temperature == 1.0  # SGLang reports log_softmax(raw logits) for greedy requests
 
 
-def test_chunked_equals_unchunked_values_and_grads():
+def _autograd_reference(h, w, targets, temp, softcap=None):
+    logits = h @ w.t()
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    lp = torch.log_softmax(logits / temp[:, None], -1)
+    return lp.gather(-1, targets[:, None]).squeeze(-1), -(lp.exp() * lp).sum(-1)
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("keep_bytes", [0, 1 << 30])  # 0: chunked, logits recomputed in backward
+def test_fused_equals_autograd_values_and_grads(softcap, keep_bytes):
     torch.manual_seed(0)
-    head = torch.nn.Linear(8, 11, bias=False)
-    h = torch.randn(7, 8, requires_grad=True)
-    targets = torch.randint(0, 11, (7,))
-    temp = torch.full((7,), 0.8)
-    outs = []
-    for chunk in (1, 3, 100):
-        head.zero_grad()
-        h.grad = None
-        lp, ent = chunked_logprobs(h, head, targets, temp, chunk_tokens=chunk)
-        (lp * torch.arange(7)).sum().backward()
-        outs.append((lp.detach(), ent, h.grad.clone(), head.weight.grad.clone()))
-    full = torch.log_softmax(head(h.detach()) / 0.8, -1)
-    torch.testing.assert_close(outs[-1][0], full.gather(-1, targets[:, None]).squeeze(-1))
-    torch.testing.assert_close(outs[-1][1], -(full.exp() * full).sum(-1))
-    for other in outs[:-1]:
-        for a, b in zip(other, outs[-1]):
-            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    n, hdim, vocab = 7, 8, 11
+    h = torch.randn(n, hdim, dtype=torch.float64)
+    w = torch.randn(vocab, hdim, dtype=torch.float64)
+    targets = torch.randint(0, vocab, (n,))
+    temp = torch.tensor([0.8, 1.0, 0.5, 1.3, 0.8, 1.0, 2.0], dtype=torch.float64)
+    g = torch.arange(n, dtype=torch.float64) - 2.0
+    results = []
+    for fused in (True, False):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        if fused:
+            lp, ent = linear_logprob(hh, ww, targets, temp, chunk=3, softcap=softcap, keep_bytes=keep_bytes)
+        else:
+            lp, ent = _autograd_reference(hh, ww, targets, temp, softcap)
+        (lp * g).sum().backward()
+        results.append((lp.detach().double(), ent.detach().double(), hh.grad, ww.grad))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 
-def test_chunked_empty_keeps_graph():
-    head = torch.nn.Linear(4, 5)
-    lp, _ = chunked_logprobs(torch.zeros(0, 4, requires_grad=True), head, torch.zeros(0, dtype=torch.long),
-                               torch.ones(0))
-    assert lp.shape == (0,) and lp.requires_grad
+def test_fused_empty():
+    h = torch.zeros(0, 4, requires_grad=True)
+    lp, ent = linear_logprob(h, torch.randn(5, 4), torch.zeros(0, dtype=torch.long), torch.ones(0))
+    assert lp.shape == ent.shape == (0,)

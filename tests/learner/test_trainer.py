@@ -59,3 +59,22 @@ def test_algorithms_run(tiny_model, kw):
         assert "value_loss" in m1 and m1["optimizer_steps"] == 2.0
     if kw["algorithm"] == "dapo":
         assert m1["groups_kept"] == 2.0
+
+
+@pytest.mark.parametrize("off_policy", ["decoupled", "tis"])
+def test_proximal_from_update_equals_separate_pass(tiny_model, monkeypatch, off_policy):
+    """With one mini-batch the proximal logprobs are the update forward's own (no separate no-grad pass):
+    the step must equal the one with the pass, in parameters and metrics."""
+    cfg = LearnerConfig(lr=1e-3, micro_batch_tokens=32, off_policy=off_policy, importance_cap=1.05)
+    results = []
+    for skip in (True, False):
+        monkeypatch.setattr(Trainer, "_prox_from_update", lambda self, prep, skip=skip: skip)
+        trainer = Trainer(cfg, str(tiny_model), seed=0)
+        metrics = trainer.train_step(make_batch(seed=4, behav_noise=0.2))
+        results.append((params_snapshot(trainer), metrics))
+    (p_skip, m_skip), (p_pass, m_pass) = results
+    for name in p_pass:
+        torch.testing.assert_close(p_skip[name], p_pass[name], atol=0, rtol=0)
+    for key in ("loss", "is_weight_mean", "is_dropped_frac", "behav_prox_logp_absdiff", "clip_frac"):
+        assert m_skip[key] == pytest.approx(m_pass[key], abs=1e-7), key
+    assert m_pass["behav_prox_logp_absdiff"] > 0.05 and m_pass["is_weight_max"] > 1.0  # the weights matter

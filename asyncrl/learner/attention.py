@@ -1,0 +1,114 @@
+"""Variable-length attention over packed micro-batches: each sequence attends only to itself, so the cost
+is sum(len_i^2) rather than pack^2.
+
+Packing puts a micro-batch's sequences end to end in one row ([1, T] input ids, positions restarting at 0).
+With HF's `sdpa` that row gets a dense block-diagonal [T, T] mask: exact, but every kernel then does the
+work of one T-long sequence (for 256 sequences of 264 tokens in a 16k pack, ~60x the needed attention
+FLOPs) and cuDNN/efficient-attention kernels with a mask are slow. `attn_implementation = "varlen"`
+instead runs FlashAttention's variable-length kernel (`aten._flash_attention_forward/_backward`, shipped
+with every CUDA build of torch >= 2.2) on the cumulative sequence boundaries of the pack:
+
+    q [T, Hq, D], k/v [T, Hkv, D], cu_seqlens [s + 1] int32 -> out [T, Hq, D]
+
+It is registered with transformers' `AttentionInterface` under the name "asyncrl_varlen" (plus a mask
+function that builds no mask), and reads the boundaries from the `cu_seq_lens_q` / `max_length_q` keyword
+arguments that HF decoders pass through to attention (`PolicyModel.forward` supplies them). CUDA only;
+the CPU default stays `sdpa`, whose packed mask is exact and cheap at CPU sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+NAME = "asyncrl_varlen"
+_gqa_native: bool | None = None  # whether the flash kernel takes fewer kv heads (probed once)
+
+
+class _VarlenFlash(torch.autograd.Function):
+    """Causal varlen FlashAttention with its own backward (no dropout)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
+        ctx.max_len, ctx.scale = max_len, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad_out.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_len, ctx.max_len, 0.0, True, rng, unused,
+            scale=ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_len: int, scale: float) -> Tensor:
+    """q [T, Hq, D], k/v [T, Hkv, D] (bf16/fp16, CUDA), cu_seqlens [s + 1] int32 -> [T, Hq, D]."""
+    global _gqa_native
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1 and _gqa_native is not False:
+        try:
+            out = _VarlenFlash.apply(q, k, v, cu_seqlens, max_len, scale)
+            _gqa_native = True
+            return out
+        except RuntimeError:
+            if _gqa_native:  # worked before: a real error
+                raise
+            _gqa_native = False
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return _VarlenFlash.apply(q, k, v, cu_seqlens, max_len, scale)
+
+
+def _hf_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                  attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                  **kwargs: Any) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: query [1, Hq, T, D], key/value [1, Hkv, T, D]
+    -> ([1, T, Hq, D], None)."""
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        raise ValueError("attn_implementation='varlen' needs cu_seq_lens_q / max_length_q from the packed "
+                         "micro-batch (asyncrl.learner.model.PolicyModel passes them); use 'sdpa' for plain calls")
+    if query.shape[0] != 1 or dropout:
+        raise ValueError("varlen attention takes one packed row and no dropout")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D] (views of the projections)
+    out = varlen_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, int(kwargs["max_length_q"]), scale)
+    return out[None], None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def register() -> str:
+    """Make "asyncrl_varlen" a valid `attn_implementation` for `from_pretrained`. Idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, _hf_attention)
+    AttentionMaskInterface.register(NAME, _no_mask)
+    return NAME
+
+
+def resolve(name: str, device: torch.device) -> str:
+    """LearnerConfig.attn_implementation -> the HF name ("auto": varlen on CUDA, sdpa elsewhere)."""
+    if name == "auto":
+        name = "varlen" if device.type == "cuda" else "sdpa"
+    if name == "varlen":
+        if device.type != "cuda":
+            raise ValueError("learner.attn_implementation='varlen' needs a CUDA device; use 'sdpa' (or 'auto') on CPU")
+        return register()
+    return name
+
+
+def cu_seqlens(lengths: list[int]) -> Tensor:
+    """Per-sequence input lengths -> cumulative boundaries [s + 1] int32 (what the kernel reads)."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+    return out
