@@ -189,15 +189,17 @@ class PackedSample:
     sample_index: int
     min_version: int | None  # oldest policy version among its tokens; None for an empty response
     raw: bytes | memoryview  # the Sample's msgpack map, as it arrived
+    finite: bool = True  # every logprob is finite (the hub fails a sample that is not)
 
     def unpack(self) -> R.Sample:
         return _sample(_unpackb(self.raw), "Sample")
 
 
 def _packed(v: Any, raw: memoryview, where: Where) -> PackedSample:
-    pid, idx, _, _, _, _, (data, n), _, _, _ = _sample_parts(v, where)
+    pid, idx, _, _, _, (lp, _), (data, n), _, _, _ = _sample_parts(v, where)
     oldest = int(np.frombuffer(data, DTYPES[_I4], n, 6).min()) if n else None
-    return PackedSample(prompt_id=pid, sample_index=idx, min_version=oldest, raw=raw)
+    finite = bool(np.isfinite(np.frombuffer(lp, DTYPES[_F4], n, 6)).all()) if n else True
+    return PackedSample(prompt_id=pid, sample_index=idx, min_version=oldest, raw=raw, finite=finite)
 
 
 _TIMINGS = _dict(_scalar(str), _scalar(float))

@@ -44,6 +44,7 @@ class PreparedBatch:
 def prepare_batch(batch: records.Batch, cfg: LearnerConfig, rank: int, world_size: int,
                   version: int) -> PreparedBatch:
     seqs, skipped = flatten_batch(batch)
+    check_finite(seqs)
     metrics = reward_metrics(seqs, skipped, len(batch.groups))
     accuracy = _rewards(seqs)  # [S] the raw rewards, before shaping
     shape_rewards(seqs, cfg)
@@ -67,6 +68,14 @@ def prepare_batch(batch: records.Batch, cfg: LearnerConfig, rank: int, world_siz
         if count:
             minis.append(mbs)
     return PreparedBatch(mini_batches=minis, seqs=seqs, metrics=metrics)
+
+
+def check_finite(seqs: list[SeqRecord]) -> None:
+    """The hub fails samples with non-finite rewards or logprobs, so none may reach the loss."""
+    for s in seqs:
+        assert np.isfinite(s.reward) and np.isfinite(s.behav_logp).all(), (
+            f"sample {s.index} (group {s.group}) has a non-finite reward {s.reward} or behaviour logprob: "
+            "the hub should have failed it")
 
 
 def reward_metrics(seqs: list[SeqRecord], skipped: int, groups: int) -> dict[str, float]:

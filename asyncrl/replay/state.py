@@ -17,8 +17,11 @@ never block admission. Sample accounting lives in `SampleCounts` (checked after 
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from asyncrl.records import Batch, Group, Prompt, Sample, SampleState, ScoredSample, ScoreResult, ScoreStatus
 from asyncrl.wire import PackedSample
@@ -127,13 +130,19 @@ class HubState:
                 out.rejected[reason] += 1
                 continue
             g = self.groups[s.prompt_id]
-            self._set(g, s.sample_index, S.LEASED, S.GENERATED)
-            g.samples[s.sample_index] = s
-            g.min_versions[s.sample_index] = _oldest_version(s)
-            out.accepted.append((s.prompt_id, s.sample_index))
+            if not _finite_logprobs(s):  # the datum fails (never trained on), the lease goes on
+                self._set(g, s.sample_index, S.LEASED, S.FAILED)
+                out.rejected["non_finite_logprobs"] += 1
+            else:
+                self._set(g, s.sample_index, S.LEASED, S.GENERATED)
+                g.samples[s.sample_index] = s
+                g.min_versions[s.sample_index] = _oldest_version(s)
+                out.accepted.append((s.prompt_id, s.sample_index))
             if not g.count(S.LEASED):
                 g.lease_id = ""
                 self.leases.release(lease_id, s.prompt_id)
+                if g.is_complete():  # its last samples failed here: nothing left to score
+                    self._complete(g)
         self._count_rejects("samples", out.rejected)
         self._check()
         return out
@@ -170,12 +179,16 @@ class HubState:
             if g is None or not 0 <= r.sample_index < g.prompt.n or g.states[r.sample_index] is not S.GENERATED:
                 out.rejected["not_generated"] += 1
                 continue
-            failed = r.status is ScoreStatus.FAILED
+            status, reason = r.status, r.reason
+            if status is ScoreStatus.OK and not _finite_reward(r):  # fails the sample, never reaches a loss
+                status, reason = ScoreStatus.FAILED, f"non-finite reward {r.reward!r} or component"
+                out.rejected["non_finite_reward"] += 1
+            failed = status is ScoreStatus.FAILED
             self._set(g, r.sample_index, S.GENERATED, S.FAILED if failed else S.SCORED)
             sample = g.samples[r.sample_index]
             assert sample is not None
-            scored = ScoredSample(sample=sample, reward=0.0 if failed else r.reward, components=r.components,
-                                  status=r.status, reason=r.reason)
+            scored = ScoredSample(sample=sample, reward=0.0 if failed else r.reward,
+                                  components=r.components if _finite_reward(r) else {}, status=status, reason=reason)
             g.scored[r.sample_index] = scored
             out.accepted.append((r.prompt_id, r.sample_index))
             out.scored.append(scored)
@@ -310,6 +323,16 @@ def _oldest_version(s: PackedSample | Sample) -> int:
     if type(s) is PackedSample:
         return NEVER_STALE if s.min_version is None else s.min_version
     return int(s.versions.min()) if len(s.versions) else NEVER_STALE
+
+
+def _finite_logprobs(s: PackedSample | Sample) -> bool:
+    if type(s) is PackedSample:
+        return s.finite
+    return bool(np.isfinite(s.logprobs).all())
+
+
+def _finite_reward(r: ScoreResult) -> bool:
+    return math.isfinite(r.reward) and all(math.isfinite(v) for v in r.components.values())
 
 
 def _first_duplicate(ids: list[str]) -> str | None:
