@@ -1,4 +1,4 @@
-"""A protocol-faithful stand-in for an SGLang 0.5.23 HTTP server (docs/sglang-api.md §7), on 127.0.0.1.
+"""A protocol-faithful stand-in for an SGLang 0.5.23 HTTP server (docs/sglang.md), on 127.0.0.1.
 
 Real process groups, fake model: weight updates join a real gloo group by TCP rendezvous and receive
 real broadcasts (in `FakeRanks` processes, one per TP rank); generation samples from `FakeModel`,
@@ -10,6 +10,11 @@ whose logits depend only on (weights version, prompt, position), so tests can re
       control   ─ change the shared state under `cond`; broadcasts are received outside it
                   (weight-update endpoints: sglang_double_weights.py)
     FakeRanks  ─ TP rank processes: rendezvous + gloo broadcast receive, driven over pipes
+
+Strict where the real server is: an endpoint that takes a request object refuses a missing body (422),
+/abort_request acts only on a rid the server holds exactly (the prefix rule applies after that check),
+integer sampling fields refuse floats, a duplicate group name fails after the rendezvous, and every
+piece of state (session, pause, groups, version) outlives the client that set it.
 
 All shared state is guarded by one Condition. Every wait has a timeout (`block_timeout_s`,
 `group_timeout_s`), so a test that forgets a step fails instead of hanging.
@@ -38,6 +43,14 @@ from tests.doubles.sglang_transport import Crashed as _Crashed
 from tests.doubles.sglang_transport import Handler as _Handler
 from tests.doubles.sglang_transport import encode as _encode
 
+BODY_REQUIRED = frozenset({
+    "/generate", "/pause_generation", "/continue_generation", "/abort_request", "/update_weight_version",
+    "/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update", "/end_weight_update",
+    "/init_weights_update_group", "/destroy_weights_update_group", "/update_weights_from_distributed",
+    "/update_weights_from_tensor",
+})  # fmt: skip
+"""Endpoints whose FastAPI handler takes a request object: POSTing no body is a 422."""
+MISSING_BODY = {"detail": [{"type": "missing", "loc": ["body"], "msg": "Field required", "input": None}]}
 FLUSH_OK = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
 
 
@@ -135,6 +148,8 @@ class SGLangDouble:
         route = self._routes.get(path)
         if route is None:
             return _encode(*NOT_FOUND)
+        if not raw and method != "GET" and path in BODY_REQUIRED:
+            return _encode(422, MISSING_BODY)
         try:
             body = json.loads(raw) if raw else {}
         except ValueError:
@@ -255,8 +270,10 @@ class SGLangDouble:
     def _abort_request(self, body: dict, query: dict) -> tuple[int, Any]:
         rid, abort_all = str(body.get("rid", "")), bool(body.get("abort_all", False))
         with self.cond:
+            if not abort_all and (not rid or rid not in self.in_flight):
+                return 200, b""  # the front door drops an abort for a rid it does not hold exactly
             for r in self.in_flight.values():
-                if abort_all or r.rid.startswith(rid):  # prefix rule; "" matches every request
+                if abort_all or r.rid.startswith(rid):  # then the scheduler's prefix rule
                     self._abort(r)
         return 200, b""
 

@@ -1,5 +1,5 @@
 """The double's /generate contract: validating a request body, the per-sample `Req`, and the answer's
-JSON (docs/sglang-api.md §2.3-2.6, 0.5.23 behaviour).
+JSON (docs/sglang.md, "Generation"; 0.5.23 behaviour).
 
 `BadRequest` carries the exact error body SGLang returns: `{"error": "<text>"}` for the strict JSON
 contract (unknown sampling keys), `{"error": {"message": ...}}` for everything else.
@@ -21,6 +21,10 @@ SAMPLING_KEYS = frozenset({
     "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "logit_bias", "sampling_seed",
     "json_schema", "regex", "ebnf", "structural_tag", "custom_params", "beam_width", "stream_interval", "watermark",
 })  # fmt: skip
+
+
+I64_KEYS = frozenset({"max_new_tokens", "top_k", "min_new_tokens", "n", "sampling_seed", "stream_interval", "beam_width"})
+I64_LIST_KEYS = frozenset({"stop_token_ids"})
 
 
 class BadRequest(Exception):
@@ -121,6 +125,7 @@ def _check_params(p: Any) -> dict[str, Any]:
     unknown = sorted(set(p) - SAMPLING_KEYS)
     if unknown:
         raise BadRequest(f"sampling_params: unknown field(s) {unknown}", contract=True)
+    _check_i64(p)
     t = p.get("temperature", 1.0)
     if not (isinstance(t, int | float) and math.isfinite(t) and t >= 0):
         raise BadRequest(f"temperature must be a finite number >= 0, got {t!r}")
@@ -135,6 +140,25 @@ def _check_params(p: Any) -> dict[str, Any]:
     if int(p.get("n", 1)) < 1:
         raise BadRequest("n must be >= 1")
     return p
+
+
+def _check_i64(p: dict[str, Any]) -> None:
+    """SGLang >= 0.5.22 parses integer fields strictly: 20.0 is refused, not rounded."""
+    for key in I64_KEYS & set(p):
+        _require_ints(key, [p[key]])
+    for key in I64_LIST_KEYS & set(p):
+        if p[key] is not None:
+            if not isinstance(p[key], list):
+                raise BadRequest(f"sampling_params.{key}: invalid type: expected a sequence", contract=True)
+            _require_ints(key, p[key])
+
+
+def _require_ints(key: str, values: list[Any]) -> None:
+    for v in values:
+        if isinstance(v, float):
+            raise BadRequest(f"sampling_params.{key}: invalid type: floating point `{v}`, expected i64", contract=True)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise BadRequest(f"sampling_params.{key}: invalid type: {type(v).__name__}, expected i64", contract=True)
 
 
 def _rids(rid: Any, n_prompts: int, n: int, batch: bool) -> list[str]:

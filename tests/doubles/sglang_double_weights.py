@@ -1,9 +1,9 @@
 """The double's weight-update endpoints: the begin/end session, process groups, and receiving
-broadcasts (docs/sglang-api.md §3, §4, §7.1-7.3, §7.8). Handlers take the double and a JSON body and
-return (status, payload); the state they change lives on `SGLangDouble`.
+broadcasts (docs/sglang.md, "Weight updates"). Handlers take the double and a JSON body and return
+(status, payload); the state they change lives on `SGLangDouble`.
 
-Deviation: a duplicate group name fails before the rendezvous (real SGLang rendezvouses first and then
-torch refuses the name).
+A duplicate group name fails as in SGLang: the ranks go through the TCP rendezvous first and torch then
+refuses the name, so the learner's side has met the ranks and waits for a group that never forms.
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ PARTIAL_LOAD = (
 FLUSH_FAILED_AFTER_UPDATE = (
     "Weights were updated, but the cache was not flushed because requests are still running or queued. "
     "Retract or finish them, then call /flush_cache."
-)
-DUPLICATE_GROUP = (
-    "Failed to initialize custom process group: The specified group name has already been created, "
-    "please use a different group name"
 )
 
 
@@ -67,8 +63,6 @@ def init_group(d: SGLangDouble, body: dict) -> tuple[int, Any]:
         return 400, _fail(
             f"rank_offset {kw['rank_offset']} + tp_size {d.config.tp_size} > world_size {kw['world_size']}"
         )
-    if kw["group_name"] in d.groups:
-        return 400, _fail(DUPLICATE_GROUP)
     try:
         d.ranks.init_group(**kw)
     except RuntimeError as e:
@@ -163,10 +157,6 @@ def _check_metadata(
                 )
             offset += torch.Size(s).numel() * dt.itemsize
     return dts
-
-
-def _fail(message: str) -> dict[str, Any]:
-    return {"success": False, "message": message}
 
 
 def _fail(message: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The double's scheduler ranks: one child process per TP rank, as in SGLang (docs/sglang-api.md §2.1).
+"""The double's scheduler ranks: one child process per TP rank, as in SGLang (docs/sglang.md).
 
 Each rank joins weight-update groups at `rank_offset + tp_rank` and receives broadcasts into fresh
 tensors. They are processes rather than threads because torch registers process groups by name per
@@ -125,9 +125,7 @@ def _rank_main(conn: Any, tp_rank: int) -> None:
 
 
 def _handle(groups: dict[str, dist.ProcessGroup], cmd: str, kw: dict) -> Any:
-    if cmd == "init":
-        if kw["group_name"] in groups:
-            raise ValueError("The specified group name has already been created, please use a different group name")
+    if cmd == "init":  # a taken name: torch raises after the rendezvous, as in SGLang
         groups[kw["group_name"]] = join_group(**kw)
         return None
     if cmd == "destroy":

@@ -1,5 +1,6 @@
 """SGLangEngine (the HTTP adapter) against the protocol-faithful test double: generation, pause/resume,
-versions without a weight push, legacy servers, and error paths."""
+exact aborts, integer types, versions without a weight push, recovery after a client died mid-update,
+legacy servers, and error paths."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from asyncrl.engine.protocol import Engine, GenerationRequest
 from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.engine.sglang.client import SGLangConnectionError, SGLangError, SGLangHTTP, SGLangHTTPError
+from asyncrl.engine.sglang.weights import INCOMPLETE
 from asyncrl.records import FinishReason, SamplingParams
 from tests.doubles.sglang_double import SGLangDouble
 from tests.doubles.sglang_testing import collect, free_port, wait_until
@@ -26,7 +28,7 @@ def double():
 
 
 def make_engine(double: SGLangDouble, **kw) -> SGLangEngine:
-    return SGLangEngine(SGLangConfig(base_url=double.url, request_timeout_s=10.0, generate_timeout_s=20.0, **kw))
+    return SGLangEngine(SGLangConfig(**{"base_url": double.url, "request_timeout_s": 10.0, "generate_timeout_s": 20.0} | kw))
 
 
 @pytest.fixture
@@ -43,6 +45,11 @@ def expected_logprobs(double: SGLangDouble, prompt, out, temperature: float, ver
     return np.array([
         double.model.logprobs(version, prompt, i, temperature)[t] for i, t in enumerate(out.token_ids.tolist())
     ])  # fmt: skip
+
+
+def all_have_tokens(double: SGLangDouble, count: int, at_least: int) -> bool:
+    with double.cond:
+        return sum(len(r.output) >= at_least for r in double.in_flight.values()) >= count
 
 
 def test_is_an_engine(engine):
@@ -148,7 +155,7 @@ def test_pause_continue_retracts_and_requests_finish_after_resume(engine, double
 def test_abort_while_retracted_reads_the_reduced_meta_info(engine, double):
     engine.add(request("a", ignore_eos=True, max_new_tokens=200))
     engine.add(request("b", ignore_eos=True, max_new_tokens=200))
-    wait_until(lambda: double.tokens_generated >= 4, what="tokens")
+    wait_until(lambda: all_have_tokens(double, 2, 2), what="tokens of both requests")
     engine.pause("continue")
     outs = sorted(engine.abort(["a"]), key=lambda o: o.request_id)
     assert [o.request_id for o in outs] == ["a"] and outs[0].finish_reason == FinishReason.ABORT
@@ -174,13 +181,14 @@ def test_legacy_server_skips_begin_and_end_and_keeps_requests_running():
         wait_until(lambda: d.tokens_generated >= 5, what="tokens")
         engine.begin_weight_update()
         assert engine.legacy is True
-        engine.begin_weight_update()  # no second probe
+        engine.begin_weight_update()
         engine.end_weight_update(3)
         (out,) = collect(engine)
         assert out.finish_reason == FinishReason.LENGTH  # abort_all_requests=false kept it running
         assert out.versions[0] == 0 and out.versions[-1] == 3 and engine.weight_version == 3
         paths = [p for p, _ in d.calls]
-        assert paths.count("/begin_weight_update") == 1 and "/end_weight_update" not in paths
+        assert "/begin_weight_update" not in paths  # the start-up recovery's 404 already told
+        assert paths.count("/end_weight_update") == 1
 
 
 def test_unreachable_server_is_a_clear_error():
@@ -201,30 +209,86 @@ def test_server_errors_surface_from_step(double):
 
 
 def test_generate_timeout_is_enforced(double):
-    SGLangHTTP(double.url).call("/pause_generation", {"mode": "abort"}, timeout_s=5)
     with SGLangEngine(SGLangConfig(base_url=double.url, generate_timeout_s=0.3)) as engine:
+        SGLangHTTP(double.url).call("/pause_generation", {"mode": "abort"}, timeout_s=5)  # after start-up's resume
         engine.add(request("a", max_new_tokens=4))
         with pytest.raises(SGLangConnectionError, match="no answer within 0.3 s"):
             collect(engine)
     SGLangHTTP(double.url).call("/continue_generation", {}, timeout_s=5)
 
 
-def test_session_errors_are_surfaced(engine, double):
+def test_begin_ends_a_session_left_open_and_end_without_begin_is_an_error(engine, double):
     engine.begin_weight_update()
-    with pytest.raises(SGLangHTTPError, match="already open; call end_weight_update"):
-        engine.begin_weight_update()
+    engine.begin_weight_update()  # "already open" (e.g. an earlier update died): ended, then begun again
+    paths = [p for p, _ in double.calls]
+    assert paths[-3:] == ["/begin_weight_update", "/end_weight_update", "/begin_weight_update"]
     engine.end_weight_update(1)
     with pytest.raises(SGLangHTTPError, match="no weight-update session is open"):
         engine.end_weight_update(2)
-    with pytest.raises(SGLangHTTPError, match="must run between begin_weight_update"):
-        engine.update_weights_from_distributed(["w"], ["float32"], [[2]], "g", version=3)
-    with pytest.raises(SGLangHTTPError, match="The group to be destroyed does not exist"):
-        engine.destroy_weights_update_group("nope")
 
 
-def test_load_weights_needs_colocation(engine):
-    with pytest.raises(SGLangError, match="update_weights_from_distributed"):
+def test_load_weights_is_refused_with_the_broadcast_path(engine):
+    with pytest.raises(SGLangError, match="by broadcast.*not supported"):
         engine.load_weights([])
+
+
+def test_abort_by_id_stops_every_sample_in_deterministic_mode():
+    """The samples' rids are <rid>-0..n-1; SGLang drops an abort for a rid it does not hold exactly."""
+    with SGLangDouble(deterministic=True) as d, make_engine(d, deterministic=True) as e:
+        e.add(request("long", n=2, ignore_eos=True, max_new_tokens=350, seed=1))
+        e.add(request("other", n=1, max_new_tokens=5))
+        wait_until(lambda: all_have_tokens(d, 2, 8), what="tokens of both samples")  # "other" stops at 5
+        outs = sorted(e.abort(["long"]), key=lambda o: o.sample_index)
+        assert [(o.request_id, o.sample_index) for o in outs] == [("long", 0), ("long", 1)]
+        assert all(o.finish_reason == FinishReason.ABORT and len(o.token_ids) < 350 for o in outs)
+        aborts = [b["rid"] for p, b in d.calls if p == "/abort_request"]
+        assert len(aborts) == 2 and all(r.endswith(("-0", "-1")) for r in aborts)
+        assert [o.request_id for o in collect(e)] == ["other"]
+
+
+def test_integer_fields_go_out_as_integers():
+    """SGLang >= 0.5.22 answers 400 "expected i64" to top_k=20.0; integral floats are converted."""
+    with SGLangDouble(deterministic=True) as d, make_engine(d, deterministic=True) as e:
+        sampling = SamplingParams(top_k=20.0, stop_token_ids=[5.0], seed=3.0, max_new_tokens=np.int64(6))
+        e.add(GenerationRequest(request_id="f", prompt_token_ids=[np.int64(5), 6], sampling=sampling, n=2))
+        assert len(collect(e)) == 2
+        body = next(b for p, b in d.calls if p == "/generate")
+        p0 = body["sampling_params"][0]
+        assert [type(p0[k]) for k in ("top_k", "max_new_tokens", "sampling_seed")] == [int] * 3
+        assert type(p0["stop_token_ids"][0]) is int and type(body["input_ids"][0][0]) is int
+        with pytest.raises(ValueError, match=r"sampling.top_k=20.5: SGLang expects an integer"):
+            e.add(request("g", top_k=20.5))
+
+
+def test_a_restarted_client_recovers_a_server_left_mid_update(double):
+    """A generator died between begin and end: session open, server paused, weights half loaded."""
+    dead = make_engine(double)
+    dead.pause("abort")
+    dead.begin_weight_update()
+    dead.close()  # no end, no resume: what a crash leaves behind
+    assert double.session_open and double.paused == "abort"
+    with make_engine(double, generate_timeout_s=5.0) as engine:
+        assert not double.session_open and double.paused is None
+        assert double.version == INCOMPLETE and engine.weight_version == 0  # the learner pushes in full
+        engine.add(request("a", max_new_tokens=4))
+        assert [len(o.token_ids) for o in collect(engine)] == [4]
+        engine.pause("abort")
+        engine.begin_weight_update()
+        engine.end_weight_update(7)
+        engine.resume()
+        assert engine.weight_version == 7 and double.version == "7"
+
+
+def test_a_restarted_client_resumes_a_server_left_paused_after_end(double):
+    dead = make_engine(double)
+    dead.pause("continue")
+    dead.begin_weight_update()
+    dead.end_weight_update(3)
+    dead.close()  # died before resume
+    with make_engine(double, generate_timeout_s=5.0) as engine:
+        assert double.paused is None and engine.weight_version == 3  # the update completed: label kept
+        engine.add(request("a", max_new_tokens=4))
+        assert [o.versions.tolist() for o in collect(engine)] == [[3] * 4]
 
 
 def test_api_key_is_sent():

@@ -24,7 +24,7 @@ class SGLangConfig:
     continue_mode: Literal["retract", "in_place"] = "retract"
     """SGLang pause mode used for `pause("continue")`. "retract" frees the KV of running requests, which
     re-prefill under the new weights, and lets the prefix cache be flushed. "in_place" keeps old-weight
-    KV and forbids flushing, so the prefix cache serves stale KV after the update (SGLang §5.4/§6)."""
+    KV and forbids flushing, so the prefix cache serves stale KV after the update (docs/sglang.md)."""
     flush_timeout_s: float = 60.0
     """How long /flush_cache is retried (it fails while requests are running) before giving up."""
     abort_drain_s: float = 5.0
@@ -33,9 +33,6 @@ class SGLangConfig:
     """Retry /model_info this long at construction while the server starts (0: one try)."""
     deterministic: bool = False
     """The server runs with --enable-deterministic-inference: send one `sampling_seed` per sample."""
-    colocated: bool = False
-    """Learner and server share the GPUs: `load_weights` goes through /update_weights_from_tensor
-    (CUDA IPC). Otherwise weights arrive by broadcast (`update_weights_from_distributed`)."""
     extra_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Merged into every request's sampling_params (e.g. {"no_stop_trim": true}). SGLang >= 0.5.22
     rejects unknown keys with HTTP 400."""

@@ -1,5 +1,5 @@
 """SGLang as an asyncrl `Engine`: an adapter for a running SGLang HTTP server (0.5.23 protocol; servers
-<= 0.5.20 are detected and driven without the begin/end session). See docs/sglang-api.md.
+<= 0.5.20 are detected and driven without the begin/end session). See docs/sglang.md.
 
 Concurrency:
 
@@ -15,8 +15,13 @@ Concurrency:
 * Staleness: none is added here; each token carries the version SGLang reports for it (its
   `weight_versions` spans), so tokens of a request that spans an update are stamped per token.
 
-The weight receiver (asyncrl.weights) drives `init_weights_update_group` and
-`update_weights_from_distributed`: SGLang's scheduler ranks, not this process, receive the broadcast.
+Weights: one public API, the weight receiver's (asyncrl.weights.transport.DirectReceiver):
+`init_weights_group` -> (`begin_weight_update` -> `receive_bucket`... -> `end_weight_update`)... ->
+`destroy_weights_group`. SGLang's scheduler ranks, not this process, receive the broadcast. A learner on
+the same GPU (CUDA IPC) is not supported: SGLang's ranks must receive by broadcast from another GPU.
+
+Start-up recovers what a dead predecessor left on the server (an open weight-update session, a pause);
+see asyncrl.engine.sglang.weights.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -35,9 +39,15 @@ import torch
 
 from asyncrl.engine.protocol import EngineStats, GenerationOutput, GenerationRequest, PauseMode
 from asyncrl.engine.sglang.config import SGLangConfig
-from asyncrl.engine.sglang.generate import aborted_unsent, generate_payload, parse_outputs, version_number
 from asyncrl.engine.sglang.client import SGLangConnectionError, SGLangError, SGLangHTTP
-from asyncrl.engine.sglang.weights import SGLangWeightSync
+from asyncrl.engine.sglang.generate import (
+    aborted_unsent,
+    generate_payload,
+    parse_outputs,
+    sample_rids,
+    version_number,
+)
+from asyncrl.engine.sglang.weights import INCOMPLETE, SGLangWeightSync
 from asyncrl.records import FinishReason, WeightBucket, WeightGroupInit
 
 log = logging.getLogger(__name__)
@@ -48,7 +58,9 @@ _STEP_WAIT_S = 0.01
 @dataclass(slots=True)
 class _Job:
     request: GenerationRequest
-    rid: str  # SGLang rid (n == 1), rid prefix of the samples (deterministic mode), else unused
+    rid: str  # our key; SGLang knows the samples by `sample_rids` (empty: SGLang picked them)
+    body: dict[str, Any]  # the /generate body, built (and type-checked) by add()
+    sample_rids: list[str]
     queued_at: float
 
 
@@ -56,9 +68,11 @@ class SGLangEngine:
     def __init__(self, config: SGLangConfig) -> None:
         self.config = config
         self._http = SGLangHTTP(config.base_url, config.api_key)
-        label = self._model_info().get("weight_version")
+        label = str(self._model_info().get("weight_version"))
+        self._weights = SGLangWeightSync(self._http, config, label)
+        if self._weights.recover():
+            label = INCOMPLETE
         self._version = version_number(label)
-        self._weights = SGLangWeightSync(self._http, config, str(label))
         self._tp_size: int | None = None
         self._group_name: str | None = None  # the group joined through init_weights_group
         self._cond = threading.Condition()
@@ -69,7 +83,6 @@ class SGLangEngine:
         self._paused = False
         self._closed = False
         self._tokens = 0
-        self._control = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sglang-control")
         self._workers = [
             threading.Thread(target=self._work, name=f"sglang-generate-{i}", daemon=True)
             for i in range(config.max_in_flight)
@@ -84,12 +97,17 @@ class SGLangEngine:
         return self._version
 
     def add(self, request: GenerationRequest) -> None:
+        """Raises ValueError for a request SGLang would refuse (e.g. a non-integral top_k)."""
         if request.n < 1 or not request.prompt_token_ids:
             raise ValueError(f"request {request.request_id!r}: needs n >= 1 and a non-empty prompt")
+        rid = f"asyncrl-{uuid.uuid4().hex}"
+        c = self.config
+        body = generate_payload(request, deterministic=c.deterministic, extra=c.extra_sampling_params, rid=rid)
+        job = _Job(request, rid, body, sample_rids(rid, request.n, c.deterministic), time.monotonic())
         with self._cond:
             if self._closed:
                 raise SGLangError("SGLangEngine is closed")
-            self._waiting.append(_Job(request, f"asyncrl-{uuid.uuid4().hex}", time.monotonic()))
+            self._waiting.append(job)
             self._cond.notify()
 
     def step(self) -> list[GenerationOutput]:
@@ -116,18 +134,20 @@ class SGLangEngine:
             )
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationOutput]:
-        """Abort these requests (all when None) and return their partial outputs. SGLang gives the n > 1
-        samples of a request fresh rids, so such a request can only be aborted by aborting all."""
+        """Abort these requests (all when None) and return their partial outputs. Each sample is aborted
+        by its exact rid (SGLang ignores an abort for a rid it does not hold). SGLang gives the n > 1
+        samples of a request fresh rids unless deterministic=true, so such a request can only be
+        aborted by aborting all."""
         ids = None if request_ids is None else set(request_ids)
         unsent, in_flight = self._take_jobs(lambda j: ids is None or j.request.request_id in ids)
         if ids is None and in_flight:
             self._post("/abort_request", {"abort_all": True})
         elif ids is not None:
-            alone = [j for j in in_flight if j.request.n == 1 or self.config.deterministic]
-            for job in alone:
-                self._post("/abort_request", {"rid": job.rid})  # prefix match: our rids are unique uuids
+            alone = [j for j in in_flight if j.sample_rids]
+            for rid in (rid for job in alone for rid in job.sample_rids):
+                self._post("/abort_request", {"rid": rid})
             for job in in_flight:
-                if job not in alone:
+                if not job.sample_rids:
                     log.warning(
                         "request %r (n=%d) cannot be aborted alone; it will finish",
                         job.request.request_id,
@@ -188,6 +208,7 @@ class SGLangEngine:
     # ---------------------------------------------------------------- weights
 
     def begin_weight_update(self) -> None:
+        """Open SGLang's update session (ending one a dead client left open first)."""
         self._weights.begin()
 
     def end_weight_update(self, version: int) -> None:
@@ -195,55 +216,26 @@ class SGLangEngine:
         self._version = version
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Colocated only (CUDA IPC via /update_weights_from_tensor); otherwise raises SGLangError that
-        points to update_weights_from_distributed."""
-        tp_size = self._server_tp_size() if self.config.colocated else 1
-        self._weights.update_from_tensor(named_tensors, tp_size)
-
-    def init_weights_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
-    ) -> None:
-        """Blocks until the learner's rank 0 joins the rendezvous; see submit_init_weights_update_group."""
-        self._weights.init_group(master_address, master_port, rank_offset, world_size, group_name, backend)
-
-    def submit_init_weights_update_group(self, *args: Any, **kwargs: Any) -> Future[None]:
-        """Fire init_weights_update_group in the background (when the caller also hosts rank 0)."""
-        return self._control.submit(self.init_weights_update_group, *args, **kwargs)
-
-    def destroy_weights_update_group(self, group_name: str) -> None:
-        self._weights.destroy_group(group_name)
-
-    def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str,
-        version: int,
-        load_format: str | None = None,
-    ) -> str:
-        """Blocks until the server has received this bucket from the learner's broadcast and loaded it.
-        `load_format`: None (one broadcast per tensor) or "flattened_bucket" (one uint8 broadcast)."""
-        return self._weights.update_from_distributed(names, dtypes, shapes, group_name, version, load_format)
-
-    def submit_update_weights_from_distributed(self, *args: Any, **kwargs: Any) -> Future[str]:
-        """Fire the call, broadcast (learner side), then `.result()`: the order SGLang requires."""
-        return self._control.submit(self.update_weights_from_distributed, *args, **kwargs)
+        """Not supported: SGLang loads weights in its own scheduler processes, from a broadcast."""
+        raise SGLangError(
+            "SGLang loads weights inside its own scheduler processes, not in this one: they arrive by "
+            "broadcast through init_weights_group / receive_bucket (the weight receiver does this). A learner "
+            "on the same GPU as the SGLang server is not supported; place them on different GPUs (docs/sglang.md)."
+        )
 
     def receiving_ranks(self) -> int:
         """How many ranks this server adds to a weight group (its TP size): world_size = 1 + this."""
         return self._server_tp_size()
 
-    # asyncrl.weights.transport.DirectReceiver: the weight receiver forwards the learner's group and
-    # buckets here, and SGLang's scheduler ranks receive the broadcast themselves.
-
     def init_weights_group(self, init: WeightGroupInit) -> None:
+        """Blocks until the server's ranks and the learner's rank 0 have met. Raises SGLangGroupError
+        when the server refuses the group (join again with a fresh name)."""
         if init.backend not in ("nccl", "gloo"):
             raise SGLangError(
                 f"weight group backend {init.backend!r}: SGLang receives only by broadcast (nccl, or gloo on "
-                "CPU); a learner on the same GPU must use load_weights with sglang.colocated=true"
+                "CPU); a learner on the same GPU as the SGLang server is not supported, use separate GPUs"
             )
-        self.init_weights_update_group(
+        self._weights.init_group(
             init.master_address, init.master_port, init.rank_offset, init.world_size, init.group_name, init.backend
         )
         self._group_name = init.group_name
@@ -258,7 +250,7 @@ class SGLangEngine:
         name, self._group_name = self._group_name, None
         if name is not None:
             try:
-                self.destroy_weights_update_group(name)
+                self._weights.destroy_group(name)
             except SGLangError as e:  # leaving a broken group: log, the next join replaces it
                 log.warning("destroying weight group %s: %s", name, e)
 
@@ -287,7 +279,6 @@ class SGLangEngine:
         deadline = time.monotonic() + self.config.abort_drain_s
         for w in self._workers:
             w.join(timeout=max(0.0, deadline - time.monotonic()))
-        self._control.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Self:
         return self
@@ -322,10 +313,7 @@ class SGLangEngine:
 
     def _generate(self, job: _Job) -> list[GenerationOutput]:
         sent = time.monotonic()
-        body = generate_payload(
-            job.request, deterministic=self.config.deterministic, extra=self.config.extra_sampling_params, rid=job.rid
-        )
-        resp = self._http.call("/generate", body, timeout_s=self.config.generate_timeout_s)
+        resp = self._http.call("/generate", job.body, timeout_s=self.config.generate_timeout_s)
         timings = {"queue": sent - job.queued_at, "http": time.monotonic() - sent}
         return parse_outputs(job.request, resp.json(), timings)
 

@@ -1,5 +1,10 @@
 """The /generate exchange: build the request body of one GenerationRequest, turn the answer into
-GenerationOutputs (docs/sglang-api.md §2.3-2.6).
+GenerationOutputs (docs/sglang.md, "Generation").
+
+Types: SGLang >= 0.5.22 parses sampling params strictly and answers HTTP 400 "invalid type: floating
+point, expected i64" for `top_k=20.0`; every integer field is converted here (an integral float such as
+20.0 becomes 20, anything else is a ValueError that names the field), so the body is valid JSON of the
+right types whatever the request was built from (YAML floats, numpy scalars).
 
 Answers are read defensively: an abort in SGLang's waiting queue returns a reduced meta_info, so
 every key is read with `.get()`.
@@ -8,6 +13,7 @@ every key is read with `.get()`.
 from __future__ import annotations
 
 import logging
+import numbers
 import zlib
 from typing import Any
 
@@ -31,32 +37,55 @@ def version_number(label: Any) -> int:
         return 0
 
 
+def as_int(value: Any, name: str) -> int:
+    """`value` as a JSON integer; integral floats (20.0) are converted, anything else is refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={value!r}: SGLang expects an integer (i64)")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if not float(value).is_integer():
+        raise ValueError(f"{name}={value!r}: SGLang expects an integer (i64); round it first")
+    return int(value)
+
+
+def sample_rids(rid: str, n: int, deterministic: bool) -> list[str]:
+    """The exact rids SGLang knows this request's samples by: what /abort_request must name, because
+    SGLang's front door drops an abort whose rid it does not hold (the prefix rule applies only later,
+    in the scheduler). Empty when SGLang picks the rids itself (n > 1 without deterministic mode)."""
+    if deterministic:
+        return [f"{rid}-{i}" for i in range(n)]
+    return [rid] if n == 1 else []
+
+
 def generate_payload(
     request: GenerationRequest, *, deterministic: bool, extra: dict[str, Any], rid: str
 ) -> dict[str, Any]:
     """The /generate body. With deterministic inference every sample needs its own `sampling_seed`
-    (else all n samples are identical, §6.14), so the n samples go as a batch of n copies, n=1 each."""
+    (else all n samples are identical), so the n samples go as a batch of n copies, n=1 each.
+    Raises ValueError for a field SGLang would refuse as non-integer."""
     s = request.sampling
     params: dict[str, Any] = {
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-        "max_new_tokens": s.max_new_tokens,
-        "stop_token_ids": list(s.stop_token_ids),
-        "ignore_eos": s.ignore_eos,
+        "temperature": float(s.temperature),
+        "top_p": float(s.top_p),
+        "top_k": as_int(s.top_k, "sampling.top_k"),
+        "max_new_tokens": as_int(s.max_new_tokens, "sampling.max_new_tokens"),
+        "stop_token_ids": [as_int(t, "sampling.stop_token_ids[]") for t in s.stop_token_ids],
+        "ignore_eos": bool(s.ignore_eos),
         **extra,
     }
+    prompt = [as_int(t, f"request {request.request_id!r} prompt_token_ids[]") for t in request.prompt_token_ids]
     body: dict[str, Any] = {"return_logprob": True}
+    rids = sample_rids(rid, request.n, deterministic)
     if not deterministic:
-        body["input_ids"] = list(request.prompt_token_ids)
-        body["sampling_params"] = params | {"n": request.n}
-        if request.n == 1:
-            body["rid"] = rid  # n > 1 samples get fresh rids in SGLang anyway
+        body["input_ids"] = prompt
+        body["sampling_params"] = params | {"n": as_int(request.n, "n")}
+        if rids:
+            body["rid"] = rids[0]
         return body
-    seed = s.seed if s.seed is not None else zlib.crc32(request.request_id.encode())
-    body["input_ids"] = [list(request.prompt_token_ids)] * request.n
+    seed = as_int(s.seed, "sampling.seed") if s.seed is not None else zlib.crc32(request.request_id.encode())
+    body["input_ids"] = [prompt] * request.n
     body["sampling_params"] = [params | {"sampling_seed": seed + i} for i in range(request.n)]
-    body["rid"] = [f"{rid}-{i}" for i in range(request.n)]
+    body["rid"] = rids
     return body
 
 
