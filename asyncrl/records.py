@@ -215,6 +215,7 @@ class ReturnPrompts:
 
     lease_id: str
     prompt_ids: list[str]
+    reason: str = ""  # non-empty: the generator cannot take them (empty, out of vocab, too long): failed, not re-queued
 
 
 @dataclass(kw_only=True, slots=True)

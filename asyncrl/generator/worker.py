@@ -28,6 +28,7 @@ import numpy as np
 
 from asyncrl import records as R
 from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
+from asyncrl.generator.admission import EngineLimits, why_not
 from asyncrl.timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,9 @@ class GeneratorWorker:
         self.hub_version = 0
         self.stopping = False
         self._last_heartbeat = 0.0
-        self._stats = {"samples_sent": 0.0, "tokens_generated": 0.0, "groups_returned": 0.0}
+        self._stats = {"samples_sent": 0.0, "tokens_generated": 0.0, "groups_returned": 0.0, "prompts_failed": 0.0}
+        self.limits = EngineLimits.of(engine)
+        self.last_failure = ""  # reason of the latest prompt this generator could not take
         self._t0 = time.monotonic()
 
     # ------------------------------------------------------------------ loop
@@ -144,17 +147,34 @@ class GeneratorWorker:
             self._start(prompt, lease.lease_id)
 
     def _start(self, prompt: R.Prompt, lease_id: str) -> None:
-        ids = prompt.token_ids if prompt.token_ids is not None else self._tokenize(prompt.text or "")
+        """Start a leased prompt, or fail it at the hub with the reason the engine cannot take it."""
+        try:
+            ids = prompt.token_ids if prompt.token_ids is not None else self._tokenize(prompt.text or "")
+            reason = why_not(ids, prompt.sampling.max_new_tokens, self.limits)
+            if not reason:
+                self._add(prompt, lease_id, ids)
+                return
+        except ValueError as e:  # the engine's own check (KV cache room, ...) or the tokenizer refused it
+            reason = str(e)
+        self._fail(prompt, lease_id, reason)
+
+    def _fail(self, prompt: R.Prompt, lease_id: str, reason: str) -> None:
+        self._stats["prompts_failed"] += 1
+        self.last_failure = reason[:300]
+        log.warning("%s: prompt %r failed: %s", self.name, prompt.prompt_id, reason)
+        self.hub.request(R.ReturnPrompts(lease_id=lease_id, prompt_ids=[prompt.prompt_id], reason=reason[:1000]))
+
+    def _add(self, prompt: R.Prompt, lease_id: str, ids: Any) -> None:
         sampling = R.SamplingParams(
             temperature=prompt.sampling.temperature, top_p=prompt.sampling.top_p, top_k=prompt.sampling.top_k,
             max_new_tokens=prompt.sampling.max_new_tokens, stop_token_ids=list(prompt.sampling.stop_token_ids),
             ignore_eos=prompt.sampling.ignore_eos,
             seed=prompt.sampling.seed if prompt.sampling.seed is not None else self._seed_for(prompt.prompt_id),
         )
-        self.groups[prompt.prompt_id] = _Group(prompt, lease_id, np.asarray(ids, dtype=np.int32), time.time())
         self.engine.add(GenerationRequest(
             request_id=prompt.prompt_id, prompt_token_ids=[int(t) for t in ids], sampling=sampling, n=prompt.n
-        ))
+        ))  # raises ValueError for a request it cannot take; then nothing is registered here
+        self.groups[prompt.prompt_id] = _Group(prompt, lease_id, np.asarray(ids, dtype=np.int32), time.time())
 
     def _tokenize(self, text: str) -> list[int]:
         if self.tokenizer is None:

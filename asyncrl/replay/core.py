@@ -175,6 +175,9 @@ class HubCore:
         return R.Ack(ok=not out.rejected, info={"accepted": len(out.accepted), "rejected": dict(out.rejected)})
 
     def _return(self, env: Envelope, frame: Any, msg: R.ReturnPrompts, now: float) -> R.Ack:
+        if msg.reason:  # a prompt no engine can take would come back forever: it fails with the reason
+            log.warning("lease %s: prompts %s failed: %s", msg.lease_id, msg.prompt_ids[:5], msg.reason[:300])
+            return R.Ack(info={"failed": self.journal.fail_prompts(msg.lease_id, msg.prompt_ids)})
         return R.Ack(info={"returned": self.journal.return_prompts(msg.lease_id, msg.prompt_ids)})
 
     # ---------------------------------------------------------------------------------- scoring

@@ -20,7 +20,7 @@ EDGES: frozenset[tuple[SampleState, SampleState]] = frozenset(
         (SampleState.QUEUED, SampleState.LEASED),
         (SampleState.LEASED, SampleState.QUEUED),  # lease expired or prompts returned
         (SampleState.LEASED, SampleState.GENERATED),
-        (SampleState.LEASED, SampleState.FAILED),  # arrived with non-finite logprobs
+        (SampleState.LEASED, SampleState.FAILED),  # non-finite logprobs, or a prompt the engine cannot take
         (SampleState.GENERATED, SampleState.SCORED),
         (SampleState.GENERATED, SampleState.FAILED),
         (SampleState.SCORED, SampleState.DELIVERED),

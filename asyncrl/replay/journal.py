@@ -76,6 +76,12 @@ class Journal:
             self._log("return", lease_id, prompt_ids)
         return n
 
+    def fail_prompts(self, lease_id: str, prompt_ids: list[str]) -> int:
+        n = self.state.fail_prompts(lease_id, prompt_ids)
+        if n:
+            self._log("fail", lease_id, prompt_ids)
+        return n
+
     def expire(self, now: float) -> int:
         if not self.state.leases.overdue(now):
             return 0
@@ -132,6 +138,8 @@ def apply(state: HubState, record: list[Any]) -> None:
         state.add_samples(msg.lease_id, msg.samples)
     elif kind == "return":
         state.return_prompts(*args)
+    elif kind == "fail":
+        state.fail_prompts(*args)
     elif kind == "expire":
         state.expire(*args)
     elif kind == "score":

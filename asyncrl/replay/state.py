@@ -85,6 +85,9 @@ class HubState:
 
     def submit(self, prompts: list[Prompt]) -> list[str]:
         """Queue prompts (all or none). A prompt without an id gets "p<seq>"."""
+        empty = next((p for p in prompts if _is_empty(p)), None)
+        if empty is not None:
+            raise ValueError(f"prompt {empty.prompt_id!r} is empty (no token_ids and no text): nothing to generate from")
         ids = [p.prompt_id for p in prompts if p.prompt_id]
         dup = next((i for i in ids if i in self.groups), None) or _first_duplicate(ids)
         if dup is not None:
@@ -157,6 +160,23 @@ class HubState:
         self._bump("prompts_returned", len(back))
         self._check()
         return len(back)
+
+    def fail_prompts(self, lease_id: str, prompt_ids: list[str]) -> int:
+        """Leased prompts the generator cannot take: their leased samples fail; returns how many prompts."""
+        entry = self.leases.get(lease_id)
+        if entry is None:
+            return 0
+        failed = [pid for pid in prompt_ids if pid in entry.prompt_ids]
+        for pid in failed:
+            g = self.groups[pid]
+            self._move(g, S.LEASED, S.FAILED)
+            g.lease_id = ""
+            self.leases.release(lease_id, pid)
+            if g.is_complete():  # else its generated samples still wait for scores
+                self._complete(g)
+        self._bump("prompts_failed", len(failed))
+        self._check()
+        return len(failed)
 
     def expire(self, now: float) -> int:
         """Leases past their deadline give their still-leased prompts back; returns how many prompts."""
@@ -323,6 +343,10 @@ def _oldest_version(s: PackedSample | Sample) -> int:
     if type(s) is PackedSample:
         return NEVER_STALE if s.min_version is None else s.min_version
     return int(s.versions.min()) if len(s.versions) else NEVER_STALE
+
+
+def _is_empty(p: Prompt) -> bool:
+    return len(p.token_ids) == 0 if p.token_ids is not None else not p.text
 
 
 def _finite_logprobs(s: PackedSample | Sample) -> bool:

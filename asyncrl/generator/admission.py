@@ -1,0 +1,48 @@
+"""Prompt admission: whether the engine can take a leased prompt, checked before `engine.add`.
+
+A prompt that no engine could take (empty, token ids outside the vocabulary, prompt + max_new_tokens
+past the engine's context or KV cache) must not crash the generator or come back to the queue forever: the worker fails
+it at the hub with the reason (`ReturnPrompts(reason=...)`) and goes on. The limits are read from
+the engine object when it exposes them (the torch engine: `arch.vocab_size`, `max_model_len`; other
+engines may expose `vocab_size` / `max_model_len` directly); what it does not expose is left to the
+engine's own check in `add`, whose ValueError the worker treats the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    vocab_size: int | None  # token ids must be in [0, vocab_size)
+    max_model_len: int | None  # prompt + response tokens the engine can hold
+
+    @classmethod
+    def of(cls, engine: Any) -> EngineLimits:
+        arch = getattr(engine, "arch", None)
+        vocab = getattr(engine, "vocab_size", None) or getattr(arch, "vocab_size", None)
+        context = getattr(engine, "max_model_len", None)
+        return cls(vocab_size=_positive_int(vocab), max_model_len=_positive_int(context))
+
+
+def _positive_int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def why_not(ids: Sequence[int], max_new_tokens: int, limits: EngineLimits) -> str:
+    """'' if the engine can take this prompt, else the reason it cannot (for the hub and the log)."""
+    if len(ids) == 0:
+        return "empty prompt: no token ids (and no text to tokenize)"
+    low, high = min(ids), max(ids)
+    if low < 0 or (limits.vocab_size is not None and high >= limits.vocab_size):
+        bad = low if low < 0 else high
+        return f"token id {bad} is outside the vocabulary [0, {limits.vocab_size or 'vocab'})"
+    if max_new_tokens < 1:
+        return f"max_new_tokens={max_new_tokens}: must be >= 1"
+    if limits.max_model_len is not None and len(ids) >= limits.max_model_len:
+        return (f"prompt of {len(ids)} tokens leaves no room for a response in the engine's context of "
+                f"{limits.max_model_len} tokens: shorten the prompt")
+    return ""  # a response longer than the context room is cut there (finish "length"), not refused
