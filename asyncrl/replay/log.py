@@ -2,9 +2,10 @@
 
 File format: a sequence of records ``[length: u32 LE][crc32(payload): u32 LE][payload]``. The payload
 is opaque here (`asyncrl.replay.journal` puts one msgpack record in each). A crash can leave a torn
-tail (a partial header, a partial payload, or a payload whose checksum does not match); reading stops
-at the first bad record, and `LogWriter` truncates the file there before it appends, so later records
-are never hidden behind garbage.
+tail: the LAST record cut short (a partial header or payload) or with a checksum that does not match.
+Only that is dropped: `LogWriter` moves its bytes to ``<log>.torn-<offset>`` (kept, never deleted) and
+truncates there before it appends. A bad record with whole records after it is corruption, not a torn
+tail: reading raises `LogCorrupt` (one line: file, offset, what to do) and nothing is truncated.
 
 Durability (`fsync`): "always" fsyncs after every record; "batch" buffers records and fsyncs on
 `sync()` (the hub calls it once per event-loop turn, before it sends the replies of that turn);
@@ -13,14 +14,20 @@ Durability (`fsync`): "always" fsyncs after every record; "batch" buffers record
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+log = logging.getLogger("asyncrl.replay")
 HEADER = struct.Struct("<II")  # payload length, crc32 of payload
 MAX_RECORD_BYTES = 1 << 30
+
+
+class LogCorrupt(ValueError):
+    """A record in the middle of the log fails its checksum: the log is left as it is."""
 
 
 def iter_records(path: str | Path) -> Iterator[bytes]:
@@ -48,12 +55,35 @@ def _scan(path: str | Path) -> Iterator[tuple[bytes, int]]:
                 return
             length, crc = HEADER.unpack(header)
             if length > MAX_RECORD_BYTES:
-                return
+                return  # a torn header (or a corrupted length: its bytes are kept aside, see LogWriter)
             payload = f.read(length)
-            if len(payload) < length or zlib.crc32(payload) != crc:
+            if len(payload) < length:
+                return
+            if zlib.crc32(payload) != crc:
+                if f.read(1):  # whole records follow: this is not a torn tail
+                    size = os.path.getsize(path)
+                    raise LogCorrupt(
+                        f"{path}: record at byte {end} ({length} bytes) fails its checksum and {size - end - HEADER.size - length} "
+                        f"bytes follow it; the log is left untouched. Restore {Path(path).name} from a backup, or "
+                        "move it aside to start the run afresh (resume cannot skip committed history)")
                 return
             end += HEADER.size + length
             yield payload, end
+
+
+def _set_torn_tail_aside(path: Path, end: int) -> None:
+    """Copy the bytes past the valid prefix (a torn tail) to `<path>.torn-<end>`, then truncate there."""
+    size = path.stat().st_size if path.exists() else 0
+    if size <= end:
+        return
+    with open(path, "rb") as f:
+        f.seek(end)
+        torn = f.read()
+    aside = path.with_name(f"{path.name}.torn-{end}")
+    aside.write_bytes(torn)
+    log.warning("%s: dropped a torn tail of %d bytes at byte %d (kept in %s)", path, len(torn), end, aside)
+    with open(path, "ab") as f:
+        f.truncate(end)
 
 
 class LogWriter:
@@ -64,8 +94,7 @@ class LogWriter:
         self.fsync = fsync
         self.path.parent.mkdir(parents=True, exist_ok=True)
         end = valid_length(self.path)
-        with open(self.path, "ab") as f:  # drop a torn tail left by a crash
-            f.truncate(end)
+        _set_torn_tail_aside(self.path, end)
         self._file = open(self.path, "ab", buffering=1 << 20)
         self._dirty = False
         self.records = 0
