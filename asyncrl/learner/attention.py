@@ -12,8 +12,9 @@ with every CUDA build of torch >= 2.2) on the cumulative sequence boundaries of 
 
 It is registered with transformers' `AttentionInterface` under the name "asyncrl_varlen" (plus a mask
 function that builds no mask), and reads the boundaries from the `cu_seq_lens_q` / `max_length_q` keyword
-arguments that HF decoders pass through to attention (`PolicyModel.forward` supplies them). CUDA only;
-the CPU default stays `sdpa`, whose packed mask is exact and cheap at CPU sizes.
+arguments that HF decoders pass through to attention (`PolicyModel.forward` supplies them). On CPU (and
+on a CUDA build without the flash kernel) the same boundaries drive a loop of causal SDPA calls, one per
+sequence: still sum(len^2), with no [T, T] mask.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ class _VarlenFlash(torch.autograd.Function):
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_len: int, scale: float) -> Tensor:
-    """q [T, Hq, D], k/v [T, Hkv, D] (bf16/fp16, CUDA), cu_seqlens [s + 1] int32 -> [T, Hq, D]."""
+    """q [T, Hq, D], k/v [T, Hkv, D], cu_seqlens [s + 1] int32 -> [T, Hq, D]."""
     global _gqa_native
+    if not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _has_flash()):
+        return _per_sequence(q, k, v, cu_seqlens, scale)
     rep = q.shape[1] // k.shape[1]
     if rep > 1 and _gqa_native is not False:
         try:
@@ -63,6 +66,24 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_le
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     return _VarlenFlash.apply(q, k, v, cu_seqlens, max_len, scale)
+
+
+def _has_flash() -> bool:
+    return hasattr(torch.ops.aten, "_flash_attention_forward") and torch.backends.cuda.is_flash_attention_available()
+
+
+def _per_sequence(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float) -> Tensor:
+    """The same function as a loop of causal SDPA calls, one per sequence (CPU and fallback)."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    bounds = cu_seqlens.tolist()
+    outs = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        qi, ki, vi = (t[a:b].transpose(0, 1) for t in (q, k, v))  # [H, L, D]
+        outs.append(torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale)
+                    .transpose(0, 1))
+    return torch.cat(outs) if outs else q.new_zeros(q.shape)
 
 
 def _hf_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
@@ -97,14 +118,8 @@ def register() -> str:
 
 
 def resolve(name: str, device: torch.device) -> str:
-    """LearnerConfig.attn_implementation -> the HF name ("auto": varlen on CUDA, sdpa elsewhere)."""
-    if name == "auto":
-        name = "varlen" if device.type == "cuda" else "sdpa"
-    if name == "varlen":
-        if device.type != "cuda":
-            raise ValueError("learner.attn_implementation='varlen' needs a CUDA device; use 'sdpa' (or 'auto') on CPU")
-        return register()
-    return name
+    """LearnerConfig.attn_implementation -> the HF name ("auto" = "varlen")."""
+    return register() if name in ("auto", "varlen") else name
 
 
 def cu_seqlens(lengths: list[int]) -> Tensor:

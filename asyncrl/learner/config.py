@@ -115,9 +115,9 @@ class LearnerConfig:
     """Rows per lm_head chunk when a micro-batch's logits are too large to keep between forward and backward
     (linear_logprob.KEEP_LOGITS_BYTES); smaller micro-batches run the lm_head in one matmul."""
     attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2", "flash_attention_3"] = "auto"
-    """Attention kernel: varlen (FlashAttention over each packed sequence alone, CUDA; see attention.py) or a
-    Hugging Face one (sdpa / eager build a dense block-diagonal mask over the pack); auto: varlen on CUDA,
-    sdpa on CPU."""
+    """Attention kernel: varlen (each packed sequence attends to itself alone: FlashAttention on CUDA, a
+    per-sequence SDPA loop on CPU; see attention.py) or a Hugging Face one (sdpa / eager build a dense
+    block-diagonal mask over the whole pack); auto: varlen."""
     activation_checkpointing: bool = False
     """Recompute decoder layers in backward (less memory, ~30% more compute)."""
     checkpoint_every: int = 10

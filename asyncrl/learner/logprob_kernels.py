@@ -26,6 +26,10 @@ def forward(logits: Tensor, targets: Tensor, inv_temp: Tensor, softcap: float | 
     """logits [n, V], targets [n] int64, inv_temp [n] fp32 -> (logp, entropy, lse), each [n] fp32."""
     if _use_triton(logits, softcap):
         return _triton_forward(logits, targets, inv_temp)
+    return torch_forward(logits, targets, inv_temp, softcap)
+
+
+def torch_forward(logits: Tensor, targets: Tensor, inv_temp: Tensor, softcap: float | None) -> tuple[Tensor, Tensor, Tensor]:
     z = _scaled(logits, inv_temp, softcap)  # [n, V] fp32
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
@@ -38,6 +42,11 @@ def backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tensor, gr
     """Overwrites `logits` [n, V] with d(sum_i grad_i * logp_i)/d logits and returns it (same dtype)."""
     if _use_triton(logits, softcap):
         return _triton_backward_(logits, targets, inv_temp, lse, grad)
+    return torch_backward_(logits, targets, inv_temp, lse, grad, softcap)
+
+
+def torch_backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tensor, grad: Tensor,
+                    softcap: float | None) -> Tensor:
     z = _scaled(logits, inv_temp, softcap)
     dz = -torch.exp(z - lse[:, None]) * grad[:, None]  # [n, V]
     dz.scatter_add_(-1, targets[:, None], grad[:, None].to(dz.dtype))

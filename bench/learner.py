@@ -1,0 +1,162 @@
+"""Learner throughput: `Trainer.train_step` on a pipeline-shaped batch against plain Hugging Face
+forward + backward over the same tokens, in one process, seeded and warmed up. One JSON line:
+
+    python -m bench.learner                          # CPU: the tiny shape, small batch
+    python -m bench.learner --shape 0.5b             # GPU: 256 samples of 8 + 256 tokens (32 x 8 x 256)
+    python -m bench.learner --shape 1.5b --samples 128
+
+The batch is what the hub hands the learner for `--samples` samples in groups of 8: prompts of
+`--prompt-len` tokens, responses of `--tokens` tokens, behaviour logprobs near the model's, mixed
+rewards. The learner's step is the whole `train_step` (prepare, micro-batches, optimizer step; GRPO,
+decoupled off-policy correction, `--micro-batch-tokens` per pack). The baseline is a plain HF model in
+the same dtype with `sdpa`, the same sequences as [B, L] batches of about the same tokens per micro-batch,
+forward with labels (HF's own loss) and backward, no optimizer step. FLOPs and MFU: bench/flops.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asyncrl import records
+from bench import flops
+
+SHAPE_DEFAULTS = {"tiny": (64, 63), "0.5b": (256, 256), "1.5b": (256, 256)}  # samples, response tokens
+
+
+def model_path(shape: str, work: Path) -> str:
+    from asyncrl.task.embedded import embedded_model_path
+
+    if shape == "tiny":
+        return str(embedded_model_path())
+    from bench.make_model import make_model
+
+    return str(make_model(shape, work / shape))
+
+
+def make_batch(samples: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0) -> records.Batch:
+    rng = np.random.default_rng(seed)
+    groups = []
+    for g in range(max(samples // 8, 1)):
+        prompt = records.Prompt(prompt_id=f"b{g}", n=8, token_ids=rng.integers(0, vocab, prompt_len).astype(np.int32),
+                                sampling=records.SamplingParams(temperature=1.0, max_new_tokens=response_len))
+        scored = []
+        for i in range(8):
+            sample = records.Sample(
+                prompt_id=prompt.prompt_id, sample_index=i, prompt_token_ids=prompt.token_ids,
+                response_token_ids=rng.integers(0, vocab, response_len).astype(np.int32),
+                logprobs=(-np.log(vocab) + 0.05 * rng.standard_normal(response_len)).astype(np.float32),
+                versions=np.zeros(response_len, np.int32), finish_reason=records.FinishReason.LENGTH)
+            scored.append(records.ScoredSample(sample=sample, reward=float(i % 2)))
+        groups.append(records.Group(prompt=prompt, samples=scored))
+    return records.Batch(step=1, policy_version=0, groups=groups)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_learner(path: str, batch: records.Batch, device: torch.device, args: argparse.Namespace) -> dict:
+    from asyncrl.learner.config import LearnerConfig
+    from asyncrl.learner.trainer import Trainer
+
+    cfg = LearnerConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens,
+                        attn_implementation=args.attn, activation_checkpointing=args.checkpointing)
+    trainer = Trainer(cfg, path, device=device, seed=0)
+    trainer_attn = trainer.attn
+    times = []
+    for i in range(args.warmup + args.steps):
+        batch.step = i + 1
+        sync(device)
+        t0 = time.perf_counter()
+        trainer.train_step(batch)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    del trainer
+    return {"step_s": float(np.median(times[args.warmup:])), "peak_mem_gib": peak, "attn": trainer_attn}
+
+
+def time_hf(path: str, batch: records.Batch, device: torch.device, dtype: torch.dtype, args: argparse.Namespace) -> float:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).train()
+    seqs = [np.concatenate([g.prompt.token_ids, s.sample.response_token_ids[:-1]]) for g in batch.groups for s in g.samples]
+    ids = torch.from_numpy(np.stack(seqs).astype(np.int64)).to(device)  # [S, L], equal lengths: no padding
+    per_mb = max(args.micro_batch_tokens // ids.shape[1], 1)
+    times = []
+    for _ in range(args.warmup + args.steps):
+        sync(device)
+        t0 = time.perf_counter()
+        for chunk in ids.split(per_mb):
+            model(input_ids=chunk, labels=chunk, use_cache=False).loss.backward()
+        model.zero_grad(set_to_none=True)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    del model
+    return float(np.median(times[args.warmup:]))
+
+
+def commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPE_DEFAULTS), default=None, help="default: 0.5b on GPU, tiny on CPU")
+    p.add_argument("--samples", type=int, default=None)
+    p.add_argument("--tokens", type=int, default=None, help="response tokens per sample")
+    p.add_argument("--prompt-len", type=int, default=8)
+    p.add_argument("--micro-batch-tokens", type=int, default=16384)
+    p.add_argument("--attn", default="auto", help="learner.attn_implementation")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the learner")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--skip-hf", action="store_true")
+    args = p.parse_args()
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    shape = args.shape or ("0.5b" if device.type == "cuda" else "tiny")
+    samples, tokens = SHAPE_DEFAULTS[shape]
+    samples, tokens = args.samples or samples, args.tokens or tokens
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with tempfile.TemporaryDirectory(prefix="bench-learner-") as work:
+        path = model_path(shape, Path(work))
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        vocab = AutoConfig.from_pretrained(path).vocab_size
+        batch = make_batch(samples, args.prompt_len, tokens, vocab)
+        seq_lens = [args.prompt_len + tokens - 1] * (len(batch.groups) * 8)
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        step_flops = flops.train_flops(meta, seq_lens)
+        learner = time_learner(path, batch, device, args)
+        hf_s = None if args.skip_hf else time_hf(path, batch, device, dtype, args)
+    peak = flops.peak_flops(device)
+    n_tokens = sum(seq_lens)
+    print(json.dumps({
+        "bench": "learner", "shape": shape, "samples": len(seq_lens), "prompt_len": args.prompt_len,
+        "response_len": tokens, "tokens_per_step": n_tokens, "micro_batch_tokens": args.micro_batch_tokens,
+        "attn": learner["attn"], "activation_checkpointing": args.checkpointing,
+        "step_s": round(learner["step_s"], 4), "tokens_per_s": round(n_tokens / learner["step_s"], 1),
+        "tflops_per_s": round(step_flops / learner["step_s"] / 1e12, 2),
+        "mfu": round(step_flops / learner["step_s"] / peak, 4) if peak else None,
+        "hf_fwd_bwd_s": round(hf_s, 4) if hf_s else None,
+        "hf_tokens_per_s": round(n_tokens / hf_s, 1) if hf_s else None,
+        "hf_mfu": round(step_flops / hf_s / peak, 4) if peak and hf_s else None,
+        "learner_over_hf": round(hf_s / learner["step_s"], 3) if hf_s else None,
+        "peak_mem_gib": round(learner["peak_mem_gib"], 2) if learner["peak_mem_gib"] else None,
+        "matmul_params": flops.matmul_params(meta), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "commit": commit(), "date": time.strftime("%Y-%m-%d"),
+    }))
+
+
+if __name__ == "__main__":
+    main()
