@@ -13,12 +13,19 @@ When an update begins, poll() runs the whole update before returning (the engine
                                                                                      resume()
                                   <----    Ack(end, timings)   -> UpdateResult(version=v, aborted=[...])
 
-Each wait for the learner has a timeout. If the update fails (learner gone, bad bucket, load error) the
-engine stays paused with its update session open (its weights are partly new, so it must not generate),
-the group is closed, and the receiver joins again: the learner's next push or serve_joins() is a full push
-that completes the session. `ready` says whether the engine holds a complete set of weights; a generator
-takes prompts only while it is True (and, to catch a missed update, rejoins when the hub's
-policy_version stays ahead of `version`).
+Each wait for the learner has a timeout whose error says what the generator waited for. If the update
+fails (learner gone, bad bucket, load error) the engine stays paused with its update session open (its
+weights are partly new, so it must not generate), the group is closed, and the receiver joins again: the
+learner's next push or serve_joins() is a full push that completes the session. A failed group join (store
+unreachable, group name refused, timeout) is answered with Ack(ok=False) and retried: the next WeightJoin
+goes out from poll() after a backoff that doubles per consecutive failure (0.5 s .. 30 s) and resets after
+a completed update. `ready` says whether the engine holds a complete set of weights; a generator takes
+prompts only while it is True.
+
+Who is inside the broadcast when (NCCL): the receiver enters its side of bucket i's broadcast only after
+reading that bucket's WeightBucket; the learner announces first and launches after (transport.py), so the
+first broadcast, which creates the communicator, has both sides inside it. Frames that are not a readable
+learner message are counted in `rejected` and skipped (during an update too).
 """
 
 from __future__ import annotations
@@ -38,9 +45,13 @@ from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGro
 from asyncrl.weights.bucket import BucketLayout, unflatten
 from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
 from asyncrl.weights.group import WeightGroup, connect_store
+from asyncrl.weights.inbox import Rejections, bound_socket, read_message
 from asyncrl.weights.transport import BroadcastTransport, DirectReceiver, WeightTransport
 
 log = logging.getLogger(__name__)
+
+_FROM_LEARNER = (WeightGroupInit, WeightBegin, WeightBucket, WeightEnd, Ack)
+REJOIN_BACKOFF_S = (0.5, 30.0)  # first retry after a failed join, cap (doubling in between)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,9 +86,12 @@ class WeightReceiver:
         self.host, self.timeout_s, self.max_bucket_bytes = host, timeout_s, max_bucket_bytes
         self._transport: WeightTransport | None = None
         self._session_open = False  # begin_weight_update() ran and end_weight_update() did not yet
+        self._rejoin_at: float | None = None  # monotonic time of the next WeightJoin after a failed join
+        self._backoff_s = REJOIN_BACKOFF_S[0]
+        self.rejected = Rejections(f"weight receiver {generator_name}")
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        bound_socket(self._sock)
         self._sock.connect(learner_endpoint)
         self.join()
 
@@ -98,6 +112,7 @@ class WeightReceiver:
 
     def poll(self, timeout_s: float = 0.0) -> UpdateResult | None:
         """Handle pending learner messages; runs a whole update if one begins. None when none ran."""
+        self._rejoin_if_due()
         wait_ms = int(timeout_s * 1000)
         while self._sock.poll(wait_ms):
             wait_ms = 0
@@ -111,7 +126,7 @@ class WeightReceiver:
             elif isinstance(msg, Ack) and msg.info.get("stage") == "dropped":
                 self._on_dropped(str(msg.info.get("error", "")))
             elif msg is not None:
-                log.warning("weights: %s ignores %s outside an update", self.name, type(msg).__name__)
+                self.rejected.add("outside_update", f"{type(msg).__name__} outside an update")
         return None
 
     def close(self) -> None:
@@ -147,6 +162,7 @@ class WeightReceiver:
             self._fail(str(e))
             return UpdateResult(ok=False, version=self.version, aborted=aborted, error=str(e), timings=timings)
         timings["paused_s"] = time.perf_counter() - t0
+        self._backoff_s = REJOIN_BACKOFF_S[0]
         self._send(Ack(info={"stage": "end", "version": begin.version, **timings}))
         return UpdateResult(ok=True, version=begin.version, aborted=aborted, timings=timings)
 
@@ -190,10 +206,22 @@ class WeightReceiver:
         try:
             self._transport = self._make_transport(init)
         except Exception as e:
-            log.warning("weights: %s could not join group %s: %s", self.name, init.group_name, e)
+            log.warning("weights: %s could not join group %s: %s (joining again in %.1fs)",
+                        self.name, init.group_name, e, self._backoff_s)
             self._send(Ack(ok=False, info={"stage": "group", "error": str(e)}))
+            self._schedule_rejoin()
             return
         self._send(Ack(info={"stage": "group", "group": init.group_name}))
+
+    def _schedule_rejoin(self) -> None:
+        """Join again after a backoff that doubles with each consecutive failure (reset by an update)."""
+        self._rejoin_at = time.monotonic() + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, REJOIN_BACKOFF_S[1])
+
+    def _rejoin_if_due(self) -> None:
+        if self._rejoin_at is not None and time.monotonic() >= self._rejoin_at:
+            self._rejoin_at = None
+            self.join()
 
     def _make_transport(self, init: WeightGroupInit) -> WeightTransport:
         if isinstance(self.engine, DirectReceiver):
@@ -216,7 +244,7 @@ class WeightReceiver:
             self._send(Ack(ok=False, info={"stage": "update", "error": error}))
         except zmq.ZMQError:
             pass
-        self.join()
+        self._schedule_rejoin()
 
     def _on_dropped(self, reason: str) -> None:
         if self._transport is None:
@@ -236,19 +264,23 @@ class WeightReceiver:
         self._sock.send(wire.encode(msg))
 
     def _recv_now(self) -> Any:
-        try:
-            return wire.decode(self._sock.recv(zmq.NOBLOCK))
-        except wire.WireError as e:
-            log.warning("weights: %s got a bad frame: %s", self.name, e)
-            return None
+        """One waiting message, or None (nothing waiting, or a bad frame: counted in `rejected`)."""
+        got = read_message(self._sock, routed=False, allowed=_FROM_LEARNER, rejections=self.rejected)
+        return None if got is None else got[1]
 
     def _recv(self, timeout_s: float) -> Any:
-        if not self._sock.poll(int(timeout_s * 1000)):
-            raise WeightUpdateError(f"learner sent nothing for {timeout_s:.1f}s during an update")
-        msg = self._recv_now()
-        if isinstance(msg, Ack) and msg.info.get("stage") == "dropped":
-            raise WeightUpdateError(f"learner dropped this generator: {msg.info.get('error', '')}")
-        return msg
+        """The next readable learner message inside an update; bad frames are counted and skipped."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(int(left * 1000)):
+                raise WeightUpdateError(f"generator waited {timeout_s:.1f}s for the learner's next WeightBucket/"
+                                        "WeightEnd during an update; the learner sent nothing readable")
+            msg = self._recv_now()
+            if isinstance(msg, Ack) and msg.info.get("stage") == "dropped":
+                raise WeightUpdateError(f"learner dropped this generator: {msg.info.get('error', '')}")
+            if msg is not None:
+                return msg
 
 
 class _Direct:

@@ -28,10 +28,10 @@ learner shares that bool over its own group so every rank knows whether to itera
 from __future__ import annotations
 
 import logging
+import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,49 +42,14 @@ from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGro
 from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, iter_buckets
 from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
 from asyncrl.weights.group import WeightGroup, host_store
-from asyncrl.weights.transport import BroadcastTransport, WeightTransport
+from asyncrl.weights.inbox import Rejections, bound_socket, read_message
+from asyncrl.weights.member import MAX_PENDING_JOINS, Member, check_join, take_ack
+from asyncrl.weights.report import PushReport
+from asyncrl.weights.transport import BroadcastTransport
 
 log = logging.getLogger(__name__)
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
-
-
-@dataclass(kw_only=True, slots=True)
-class PushReport:
-    """What one push did. Seconds are wall time on the learner unless noted."""
-
-    version: int
-    generators: list[str]  # got this version
-    dropped: dict[str, str] = field(default_factory=dict)  # generator -> why
-    buckets: int = 0
-    bytes: int = 0  # flat bytes per generator
-    gather_s: float = 0.0  # pulling (name, tensor) and packing buckets (FSDP full_tensor() runs here)
-    transfer_s: float = 0.0  # starting and waiting for the bucket transfers
-    ack_s: float = 0.0  # waiting for generators to load and ack (not overlapped with gather)
-    total_s: float = 0.0
-    pause_s: float = 0.0  # max over generators: engine.pause() (aborts in-flight work in 'abort' mode)
-    load_s: float = 0.0  # max over generators: sum of engine.load_weights()
-    paused_s: float = 0.0  # max over generators: engine paused, pause() to resume()
-    per_generator: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def gbps(self) -> float:
-        return self.bytes / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        keys = ("version", "buckets", "bytes", "gather_s", "transfer_s", "ack_s", "total_s", "pause_s", "load_s", "paused_s")
-        out: dict[str, Any] = {k: getattr(self, k) for k in keys}
-        out.update(gbps=self.gbps, generators=list(self.generators), dropped=dict(self.dropped))
-        return out
-
-
-@dataclass(kw_only=True, slots=True)
-class _Member:
-    name: str
-    identity: bytes
-    join: WeightJoin
-    transport: WeightTransport
-    acks: list[Ack] = field(default_factory=list)
 
 
 class WeightSender:
@@ -109,12 +74,14 @@ class WeightSender:
         self.bucket_bytes, self.pause_mode = bucket_bytes, pause_mode
         self.master_address, self.timeout_s = master_address, timeout_s
         self._gpu_uuid = gpu_uuid(self.device)
-        self._members: dict[str, _Member] = {}
+        self._members: dict[str, Member] = {}
         self._joins: dict[str, tuple[bytes, WeightJoin]] = {}
+        self._incarnation = secrets.token_hex(4)  # group names never repeat across learner restarts
         self._group_count = 0
+        self.rejected = Rejections("weight sender")
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        bound_socket(self._sock)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, not drops
         self._sock.bind(endpoint.replace(":0", ":*") if endpoint.endswith(":0") else endpoint)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -156,13 +123,13 @@ class WeightSender:
 
     def close(self) -> None:
         for m in list(self._members.values()):
-            m.transport.close()
+            m.close()
         self._members.clear()
         self._sock.close(0)
 
     # ------------------------------------------------------------------ the push (one place)
 
-    def _push_to(self, members: list[_Member], named_tensors: NamedTensors, version: int, report: PushReport) -> PushReport:
+    def _push_to(self, members: list[Member], named_tensors: NamedTensors, version: int, report: PushReport) -> PushReport:
         """begin -> per bucket (announce, transfer, ack) -> end; the generators pause and resume themselves."""
         t0 = time.perf_counter()
         live = self._send_all(members, WeightBegin(version=version, pause_mode=self.pause_mode), report)
@@ -196,7 +163,7 @@ class WeightSender:
                 return
             yield item
 
-    def _send_bucket(self, live: list[_Member], index: int, flat: torch.Tensor, layout: BucketLayout, version: int, report: PushReport) -> list[_Member]:
+    def _send_bucket(self, live: list[Member], index: int, flat: torch.Tensor, layout: BucketLayout, version: int, report: PushReport) -> list[Member]:
         """announce to every member -> launch every transfer -> wait for every transfer (see transport.py)."""
         t = time.perf_counter()
         announced = []
@@ -228,49 +195,85 @@ class WeightSender:
 
     # ------------------------------------------------------------------ joins
 
-    def _admit(self, report: PushReport) -> list[_Member]:
-        """Build a group with every waiting generator, concurrently (a dead joiner costs one timeout)."""
+    def _admit(self, report: PushReport) -> list[Member]:
+        """Offer a group to every waiting generator and wait (<= timeout_s) until each one is in it.
+
+        The learner's side of each group is built on its own thread (gloo's constructor blocks until the
+        generator connects), while this thread reads acks: a generator whose join failed (Ack ok=False,
+        stage group) is dropped at once instead of after the timeout."""
         joins, self._joins = list(self._joins.values()), {}
-        offers = []
+        joining = []
         for identity, join in joins:
             try:
-                offers.append((identity, join, self._offer(identity, join)))
+                joining.append(self._offer(identity, join))
             except Exception as e:
                 self._refuse(identity, join, e, report)
-        if not offers:
-            return []
-        linked = []
-        with ThreadPoolExecutor(max_workers=len(offers)) as pool:  # only the group constructors run here
-            futures = [(identity, join, pool.submit(build)) for identity, join, build in offers]
-            for identity, join, fut in futures:
-                try:
-                    linked.append(_Member(name=join.generator, identity=identity, join=join, transport=fut.result()))
-                except Exception as e:
-                    self._refuse(identity, join, e, report)
-        for m in linked:
-            self._members[m.name] = m
-        return self._await(linked, "group", -1, report)
+        for m in joining:
+            self._members[m.name] = m  # acks route to it from now on
+        return self._await_joined(joining, report)
 
-    def _offer(self, identity: bytes, join: WeightJoin) -> Callable[[], WeightTransport]:
-        """Host the rendezvous and send WeightGroupInit; returns the (blocking) group constructor."""
+    def _await_joined(self, joining: list[Member], report: PushReport) -> list[Member]:
+        t = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
+        waiting, acked, done = list(joining), set(), []
+        while waiting:
+            for m in list(waiting):
+                ack = take_ack(m, "group", -1, -1)
+                if ack is not None and not ack.ok:
+                    waiting.remove(m)
+                    self._drop(m, f"join failed on the generator: {ack.info.get('error', 'failed')}", report)
+                    continue
+                if ack is not None:
+                    acked.add(m.name)
+                if "error" in m.build:
+                    waiting.remove(m)
+                    self._drop(m, f"join failed on the learner: {m.build['error']}", report)
+                elif "transport" in m.build and m.name in acked:
+                    waiting.remove(m)
+                    m.transport = m.build["transport"]
+                    done.append(m)
+            if waiting and time.monotonic() >= deadline:
+                for m in waiting:
+                    self._drop(m, f"not in its group within {self.timeout_s:.1f}s (learner waited for its group Ack)", report)
+                break
+            if waiting:
+                self._pump(0.02)
+        report.ack_s += time.perf_counter() - t
+        return done
+
+    def _offer(self, identity: bytes, join: WeightJoin) -> Member:
+        """Host the rendezvous, send WeightGroupInit, start building the learner's side of the group."""
         self._group_count += 1
-        name = f"asyncrl-weights-{join.generator}-{self._group_count}"
+        name = f"asyncrl-weights-{join.generator}-{self._incarnation}-{self._group_count}"
+        m = Member(name=join.generator, identity=identity, join=join)
         if self._gpu_uuid and join.gpu_uuid == self._gpu_uuid:
             self._send_raw(identity, WeightGroupInit(master_address="", master_port=0, rank_offset=1,
                                                      world_size=2, group_name=name, backend="ipc"))
-            return IpcTransport
+            m.build["transport"] = IpcTransport()
+            return m
         backend = "nccl" if self.device.type == "cuda" and join.device.startswith("cuda") else "gloo"
         world = 1 + join.receiving_ranks  # learner rank 0 + the generator's receiving ranks (SGLang TP)
         store = host_store(self.master_address, world, self.timeout_s)
         self._send_raw(identity, WeightGroupInit(master_address=self.master_address, master_port=store.port,
                                                  rank_offset=1, world_size=world, group_name=name, backend=backend))
 
-        def build() -> WeightTransport:
-            group = WeightGroup(store, group_name=name, rank=0, world_size=world, backend=backend,
-                                timeout_s=self.timeout_s)
-            return BroadcastTransport(group, self.timeout_s)
+        def build() -> None:
+            try:
+                if self.device.type == "cuda":
+                    torch.cuda.set_device(self.device)  # a new thread starts on cuda:0
+                group = WeightGroup(store, group_name=name, rank=0, world_size=world, backend=backend,
+                                    timeout_s=self.timeout_s)
+                transport = BroadcastTransport(group, self.timeout_s)
+            except Exception as e:
+                m.build["error"] = str(e)
+                return
+            if m.gone:
+                transport.close()  # dropped while this thread was building
+            else:
+                m.build["transport"] = transport
 
-        return build
+        threading.Thread(target=build, name=f"weights-join-{join.generator}", daemon=True).start()
+        return m
 
     def _refuse(self, identity: bytes, join: WeightJoin, error: Exception, report: PushReport) -> None:
         log.warning("weight push: %s could not join: %s", join.generator, error)
@@ -279,13 +282,13 @@ class WeightSender:
 
     # ------------------------------------------------------------------ control messages
 
-    def _send(self, m: _Member, msg: Any) -> None:
+    def _send(self, m: Member, msg: Any) -> None:
         self._send_raw(m.identity, msg)
 
     def _send_raw(self, identity: bytes, msg: Any) -> None:
         self._sock.send_multipart([identity, wire.encode(msg)])
 
-    def _send_all(self, live: list[_Member], msg: Any, report: PushReport) -> list[_Member]:
+    def _send_all(self, live: list[Member], msg: Any, report: PushReport) -> list[Member]:
         ok = []
         for m in live:
             try:
@@ -296,43 +299,54 @@ class WeightSender:
         return ok
 
     def _pump(self, timeout_s: float) -> None:
-        """Read every waiting control message (waits up to timeout_s for the first)."""
+        """Read every waiting control message (waits up to timeout_s for the first); bad ones are counted
+        in `rejected` and skipped."""
         wait_ms = int(timeout_s * 1000)
         while self._sock.poll(wait_ms):
             wait_ms = 0
-            identity, frame = self._sock.recv_multipart()
-            try:
-                msg = wire.decode(frame)
-            except wire.WireError as e:
-                log.warning("weight push: bad frame from %r: %s", identity, e)
-                continue
-            self._dispatch(identity, msg)
+            got = read_message(self._sock, routed=True, allowed=(WeightJoin, Ack), rejections=self.rejected)
+            if got is not None:
+                self._dispatch(*got)
 
     def _dispatch(self, identity: bytes, msg: Any) -> None:
         if isinstance(msg, WeightJoin):
-            old = self._members.pop(msg.generator, None)
-            if old is not None:  # it restarted, or gave up on an update: its old group is useless
-                old.transport.close()
-            self._joins[msg.generator] = (identity, msg)
+            self._on_join(identity, msg)
             return
-        if isinstance(msg, Ack):
-            for m in self._members_by_identity(identity):
-                m.acks.append(msg)
-            return
-        log.warning("weight push: unexpected %s from %r", type(msg).__name__, identity)
+        members = self._members_by_identity(identity)
+        if not members:
+            self.rejected.add("not_a_member", "Ack from a peer that is not in a weight group", identity)
+        for m in members:
+            if len(m.acks) >= 64:  # a member acks a handful of stages per push; more is a flood
+                self.rejected.add("ack_flood", f"{m.name} has 64 unread acks", identity)
+                return
+            m.acks.append(msg)
 
-    def _members_by_identity(self, identity: bytes) -> list[_Member]:
+    def _on_join(self, identity: bytes, join: WeightJoin) -> None:
+        try:
+            check_join(join)
+        except ValueError as e:
+            self.rejected.add("bad_join", str(e), identity)
+            return
+        if join.generator not in self._joins and len(self._joins) >= MAX_PENDING_JOINS:
+            self.rejected.add("too_many_joins", f"{MAX_PENDING_JOINS} joins already wait", identity)
+            return
+        old = self._members.pop(join.generator, None)
+        if old is not None:  # it restarted, or gave up on an update: its old group is useless
+            old.close()
+        self._joins[join.generator] = (identity, join)
+
+    def _members_by_identity(self, identity: bytes) -> list[Member]:
         return [m for m in self._members.values() if m.identity == identity]
 
-    def _await(self, live: list[_Member], stage: str, version: int, report: PushReport, index: int = -1) -> list[_Member]:
+    def _await(self, live: list[Member], stage: str, version: int, report: PushReport, index: int = -1) -> list[Member]:
         """Wait until each member acks `stage` (a failed or missing ack drops it); returns those that did."""
         t = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         waiting = {m.name: m for m in live}
-        done: list[_Member] = []
+        done: list[Member] = []
         while waiting:
             for m in list(waiting.values()):
-                ack = _take(m, stage, version, index)
+                ack = take_ack(m, stage, version, index)
                 if ack is None:
                     continue
                 del waiting[m.name]
@@ -341,7 +355,8 @@ class WeightSender:
                     continue
                 done.append(m)
                 if stage == "end":
-                    report.per_generator[m.name] = {k: float(v) for k, v in ack.info.items() if k.endswith("_s")}
+                    report.per_generator[m.name] = {k: float(v) for k, v in ack.info.items()
+                                                    if k.endswith("_s") and isinstance(v, int | float)}
             left = deadline - time.monotonic()
             if waiting and left <= 0:
                 for m in waiting.values():
@@ -352,12 +367,12 @@ class WeightSender:
         report.ack_s += time.perf_counter() - t
         return [m for m in live if m in done]
 
-    def _drop(self, m: _Member, reason: str, report: PushReport) -> None:
+    def _drop(self, m: Member, reason: str, report: PushReport) -> None:
         log.warning("weight push: dropping %s: %s", m.name, reason)
         report.dropped[m.name] = reason
         if self._members.get(m.name) is m:
             del self._members[m.name]
-        m.transport.close()
+        m.close()  # aborts this member's group only (NCCL: its communicator; the default group is untouched)
         self._tell_dropped(m.identity, reason)
 
     def _tell_dropped(self, identity: bytes, reason: str) -> None:
@@ -365,18 +380,6 @@ class WeightSender:
             self._send_raw(identity, Ack(ok=False, info={"stage": "dropped", "error": reason}))
         except zmq.ZMQError:
             pass
-
-
-def _take(m: _Member, stage: str, version: int, index: int) -> Ack | None:
-    """Pop the first ack of `stage` (stale acks of earlier stages are discarded)."""
-    while m.acks:
-        ack = m.acks.pop(0)
-        info = ack.info
-        if info.get("stage") == stage and (version < 0 or info.get("version") == version) and info.get("bucket", -1) == index:
-            return ack
-        if not ack.ok:
-            return ack  # a failure at any stage ends this member's update
-    return None
 
 
 __all__ = ["PushReport", "WeightSender"]
