@@ -1,4 +1,4 @@
-"""The SGLang test double itself honours the documented 0.5.23 HTTP contract (docs/sglang-api.md §3, §7),
+"""The SGLang test double itself honours the documented 0.5.23 HTTP contract (docs/sglang.md),
 checked with raw HTTP calls, so the adapter tests rest on a faithful peer."""
 
 from __future__ import annotations
@@ -140,12 +140,47 @@ def test_update_weight_version_aborts_by_default(double, pool):
     assert aborted.result(timeout=5)[1]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
-def test_abort_request_matches_rid_prefix(double, pool):
+def test_abort_request_needs_an_exact_rid_then_matches_by_prefix(double, pool):
     a, b, c = (long_generate(double, pool, rid) for rid in ("job-1", "job-10", "other"))
     wait_until(lambda: len(double.in_flight) == 3)
-    assert post(double, "/abort_request", {"rid": "job-1"}) == (200, "")
+    for dropped in ("job", "", "oth"):  # not a rid the server holds: the front door drops the abort
+        assert post(double, "/abort_request", {"rid": dropped}) == (200, "")
+    assert post(double, "/abort_request", {"rid": "job-1"}) == (200, "")  # held; then the prefix rule
     kinds = [f.result(timeout=10)[1]["meta_info"]["finish_reason"]["type"] for f in (a, b, c)]
     assert kinds == ["abort", "abort", "length"]
+
+
+def test_control_endpoints_refuse_a_missing_body(double):
+    for path in ("/continue_generation", "/pause_generation", "/abort_request", "/begin_weight_update"):
+        status, body = post(double, path, None)
+        assert status == 422 and body["detail"][0]["loc"] == ["body"], path
+    assert post(double, "/flush_cache", None)[0] == 200  # takes no request object
+
+
+@pytest.mark.parametrize(("key", "value"), [("top_k", 20.0), ("stop_token_ids", [5.0]), ("sampling_seed", 3.0),
+                                            ("max_new_tokens", 4.0), ("n", True)])  # fmt: skip
+def test_integer_sampling_fields_refuse_other_types(double, key, value):
+    body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, key: value}}
+    status, answer = post(double, "/generate", body)
+    assert status == 400 and f"sampling_params.{key}: invalid type" in answer["error"] and "expected i64" in answer["error"]
+
+
+def test_a_taken_group_name_is_refused_only_after_the_rendezvous():
+    """With no learner to meet, the join of a taken name fails on the rendezvous, not on the name."""
+    from tests.doubles.process_group import join_group, leave_group
+    from tests.doubles.sglang_testing import free_port
+
+    with SGLangDouble(group_timeout_s=2.0) as d, ThreadPoolExecutor(1) as pool:
+        port = free_port()
+        init = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
+                "group_name": "taken", "backend": "gloo"}  # fmt: skip
+        joined = pool.submit(post, d, "/init_weights_update_group", init)
+        pg = join_group(master_address="127.0.0.1", master_port=port, world_size=2, rank=0, group_name="taken")
+        assert joined.result(timeout=30)[0] == 200
+        status, answer = post(d, "/init_weights_update_group", init | {"master_port": free_port()})
+        assert status == 400 and "already been created" not in answer["message"]
+        assert answer["message"].startswith("Failed to initialize custom process group")
+        leave_group(pg)
 
 
 def test_session_and_group_errors(double):

@@ -12,7 +12,7 @@ from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.engine.sglang.client import SGLangConnectionError, SGLangError, SGLangHTTP, SGLangHTTPError
 from asyncrl.engine.sglang.weights import INCOMPLETE
-from asyncrl.records import FinishReason, SamplingParams
+from asyncrl.records import FinishReason, SamplingParams, WeightGroupInit
 from tests.doubles.sglang_double import SGLangDouble
 from tests.doubles.sglang_testing import collect, free_port, wait_until
 
@@ -230,6 +230,15 @@ def test_begin_ends_a_session_left_open_and_end_without_begin_is_an_error(engine
 def test_load_weights_is_refused_with_the_broadcast_path(engine):
     with pytest.raises(SGLangError, match="by broadcast.*not supported"):
         engine.load_weights([])
+
+
+def test_a_learner_on_the_same_gpu_is_refused_with_the_reason(engine):
+    """The colocated CUDA-IPC path was unreachable (issue 10, item 5) and is gone: say so at the join."""
+    init = WeightGroupInit(master_address="", master_port=0, rank_offset=1, world_size=2, group_name="g", backend="ipc")
+    with pytest.raises(SGLangError, match="same GPU as the SGLang server is not supported"):
+        engine.init_weights_group(init)
+    with pytest.raises(TypeError, match="colocated"):
+        SGLangConfig(colocated=True)
 
 
 def test_abort_by_id_stops_every_sample_in_deterministic_mode():

@@ -3,7 +3,7 @@ process, the double's two TP ranks are child processes, SGLangEngine sends the H
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -13,7 +13,8 @@ import torch.distributed as dist
 from asyncrl.engine.protocol import GenerationRequest
 from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.engine.sglang.engine import SGLangEngine
-from asyncrl.engine.sglang.client import SGLangHTTPError
+from asyncrl.engine.sglang.client import SGLangHTTP, SGLangHTTPError
+from asyncrl.engine.sglang.weights import SGLangGroupError
 from asyncrl.records import FinishReason, SamplingParams, WeightBucket, WeightGroupInit
 from tests.doubles.process_group import join_group, leave_group
 from tests.doubles.sglang_double import SGLangDouble
@@ -26,34 +27,44 @@ GROUP = "weights-test"
 PROMPT = [3, 1, 4, 1, 5]
 
 
+def group_init(port: int, name: str = GROUP) -> WeightGroupInit:
+    return WeightGroupInit(master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=1 + TP,
+                           group_name=name, backend="gloo")  # fmt: skip
+
+
+def join(engine: SGLangEngine, name: str = GROUP, timeout_s: float = 30.0):
+    """The learner's rank 0 and the server's ranks meet; -> the learner's process group."""
+    port = free_port()
+    with ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(engine.init_weights_group, group_init(port, name))
+        pg = join_group(master_address="127.0.0.1", master_port=port, world_size=1 + TP, rank=0,
+                        group_name=name, timeout_s=timeout_s)  # fmt: skip
+        joined.result(timeout=30)
+    return pg
+
+
 @pytest.fixture(scope="module")
 def rig():
     """(double, engine, learner process group): joined once, the way a generator joins at start."""
     with SGLangDouble(tp_size=TP, group_timeout_s=3.0) as double:
         engine = SGLangEngine(SGLangConfig(base_url=double.url, request_timeout_s=10.0, weight_update_timeout_s=30.0))
-        port = free_port()
-        joined = engine.submit_init_weights_update_group("127.0.0.1", port, 1, 1 + TP, GROUP, "gloo")
-        pg = join_group(master_address="127.0.0.1", master_port=port, world_size=1 + TP, rank=0,
-                        group_name=GROUP, timeout_s=30.0)  # fmt: skip
-        joined.result(timeout=30)
+        pg = join(engine)
         yield double, engine, pg
-        engine.destroy_weights_update_group(GROUP)
+        engine.destroy_weights_group()
         leave_group(pg)
         engine.close()
 
 
-def push(engine: SGLangEngine, pg, tensors: dict[str, torch.Tensor], version: int, flattened: bool = False) -> str:
-    """What the learner's weight sender does for one bucket: fire the HTTP call, broadcast, await."""
-    done: Future[str] = engine.submit_update_weights_from_distributed(
-        list(tensors), [str(t.dtype) for t in tensors.values()], [list(t.shape) for t in tensors.values()],
-        GROUP, version, "flattened_bucket" if flattened else None,
-    )  # fmt: skip
-    if flattened:
+def push(engine: SGLangEngine, pg, tensors: dict[str, torch.Tensor], version: int) -> None:
+    """What the weight receiver and the learner do for one bucket: the HTTP call, the flat broadcast."""
+    nbytes = [t.numel() * t.element_size() for t in tensors.values()]
+    bucket = WeightBucket(version=version, names=list(tensors), dtypes=[str(t.dtype) for t in tensors.values()],
+                          shapes=[list(t.shape) for t in tensors.values()],
+                          offsets=[sum(nbytes[:i]) for i in range(len(nbytes))], nbytes=sum(nbytes))  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(engine.receive_bucket, bucket)
         dist.broadcast(torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in tensors.values()]), 0, group=pg)
-    else:
-        for t in tensors.values():
-            dist.broadcast(t.contiguous(), 0, group=pg)
-    return done.result(timeout=30)
+        done.result(timeout=30)
 
 
 def test_full_update_flow_stamps_new_version_on_later_tokens(rig):
@@ -67,8 +78,8 @@ def test_full_update_flow_stamps_new_version_on_later_tokens(rig):
     assert double.session_open and double.paused == "retract"
     bucket1 = {"model.embed_tokens.weight": torch.randn(8, 4), "model.norm.weight": torch.ones(4, dtype=torch.bfloat16)}
     bucket2 = {"lm_head.weight": torch.randn(8, 4, dtype=torch.bfloat16), "model.scale": torch.tensor(2.5)}
-    assert "Weight version updated to 1" in push(engine, pg, bucket1, version=1)
-    push(engine, pg, bucket2, version=1, flattened=True)
+    push(engine, pg, bucket1, version=1)
+    push(engine, pg, bucket2, version=1)
     engine.end_weight_update(1)
     engine.resume()
 
@@ -88,17 +99,19 @@ def test_full_update_flow_stamps_new_version_on_later_tokens(rig):
     assert '"/update_weight_version"' not in str(double.calls)  # the buckets already carried the version
 
 
-def test_bad_dtype_fails_before_any_broadcast_and_the_group_survives(rig):
+def test_bad_buckets_fail_before_any_broadcast_and_the_group_survives(rig):
     double, engine, pg = rig
     engine.pause("abort")
     engine.begin_weight_update()
-    with pytest.raises(SGLangHTTPError, match="has no attribute 'float33'") as err:
-        engine.update_weights_from_distributed(["w"], ["float33"], [[2]], GROUP, version=2)
-    assert err.value.status == 400
-    with pytest.raises(SGLangHTTPError, match="Unaligned received tensor"):
-        engine.update_weights_from_distributed(
-            ["a", "b"], ["uint8", "float32"], [[3], [2]], GROUP, version=2, load_format="flattened_bucket"
-        )
+    bad = {"names": ["w"], "dtypes": ["float33"], "shapes": [[2]], "offsets": [0], "nbytes": 8}
+    with pytest.raises(ValueError, match="'float33' is not a torch dtype"):
+        engine.receive_bucket(WeightBucket(version=2, **bad))
+    misaligned = {"names": ["a", "b"], "dtypes": ["uint8", "float32"], "shapes": [[3], [2]], "offsets": [0, 3]}
+    with pytest.raises(ValueError, match="aligned to 4"):
+        engine.receive_bucket(WeightBucket(version=2, nbytes=11, **misaligned))
+    body = {"names": ["w"], "dtypes": ["float33"], "shapes": [[2]], "group_name": GROUP}
+    with pytest.raises(SGLangHTTPError, match="has no attribute 'float33'"):  # the server checks too
+        SGLangHTTP(double.url).call("/update_weights_from_distributed", body, timeout_s=10)
     t = torch.arange(6, dtype=torch.float32)
     push(engine, pg, {"w": t}, version=2)  # nothing was consumed by the failed calls
     engine.end_weight_update(2)
@@ -106,12 +119,34 @@ def test_bad_dtype_fails_before_any_broadcast_and_the_group_survives(rig):
     assert torch.equal(double.weights["w"], t) and double.version == "2"
 
 
-def test_group_init_times_out_when_the_learner_never_joins(rig):
+def test_a_join_the_learner_never_completes_is_a_group_error(rig):
     _double, engine, _ = rig
-    with pytest.raises(SGLangHTTPError, match="Failed to initialize custom process group"):
-        engine.init_weights_update_group("127.0.0.1", free_port(), 1, 1 + TP, "lonely", "gloo")
-    with pytest.raises(SGLangHTTPError, match="already been created"):
-        engine.init_weights_update_group("127.0.0.1", free_port(), 1, 1 + TP, GROUP, "gloo")
+    other = SGLangEngine(SGLangConfig(base_url=engine.config.base_url, request_timeout_s=10.0))
+    with pytest.raises(SGLangGroupError, match="could not join weight group 'lonely'.*join again"):
+        other.init_weights_group(group_init(free_port(), "lonely"))
+    other.close()
+
+
+def test_a_group_left_by_a_dead_generator_is_replaced_on_the_next_join():
+    """A restarted generator (and learner) reuse a name the server still holds: SGLang would refuse it
+    after the rendezvous; the adapter destroys the stale group first."""
+    with SGLangDouble(tp_size=TP, group_timeout_s=3.0) as double:
+        config = SGLangConfig(base_url=double.url, request_timeout_s=10.0, weight_update_timeout_s=30.0)
+        dead = SGLangEngine(config)
+        leave_group(join(dead, "reused"))
+        dead.close()  # died without destroying its group
+        with SGLangEngine(config) as restarted:
+            pg = join(restarted, "reused")
+            assert ("/destroy_weights_update_group", {"group_name": "reused"}) in double.calls
+            restarted.pause("abort")
+            restarted.begin_weight_update()
+            t = torch.full((3,), 4.0)
+            push(restarted, pg, {"fresh": t}, version=4)
+            restarted.end_weight_update(4)
+            restarted.resume()
+            assert torch.equal(double.weights["fresh"], t) and restarted.weight_version == 4
+            restarted.destroy_weights_group()
+            leave_group(pg)
 
 
 def test_direct_receiver_path_forwards_flat_buckets(rig):
