@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -68,7 +69,7 @@ def time_learner(path: str, batch: records.Batch, device: torch.device, args: ar
     from asyncrl.learner.config import LearnerConfig
     from asyncrl.learner.trainer import Trainer
 
-    cfg = LearnerConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens,
+    cfg = LearnerConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens, compile=args.compile,
                         attn_implementation=args.attn, activation_checkpointing=args.checkpointing)
     trainer = Trainer(cfg, path, device=device, seed=0)
     trainer_attn = trainer.attn
@@ -81,8 +82,25 @@ def time_learner(path: str, batch: records.Batch, device: torch.device, args: ar
         sync(device)
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    if args.profile:
+        profile_step(trainer, batch, device, args.profile)
     del trainer
     return {"step_s": float(np.median(times[args.warmup:])), "peak_mem_gib": peak, "attn": trainer_attn}
+
+
+def profile_step(trainer, batch: records.Batch, device: torch.device, out: str) -> None:
+    """One more step under torch.profiler; the top ops by device time (and host time) to `out`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        trainer.train_step(batch)
+        sync(device)
+    events = prof.key_averages()
+    key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    with open(out, "w") as f:
+        f.write(events.table(sort_by=key, row_limit=40, max_name_column_width=60))
+        f.write(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
 
 
 def time_hf(path: str, batch: records.Batch, device: torch.device, dtype: torch.dtype, args: argparse.Namespace) -> float:
@@ -106,6 +124,9 @@ def time_hf(path: str, batch: records.Batch, device: torch.device, dtype: torch.
 
 
 def commit() -> str:
+    """The checkout's commit (ASYNCRL_COMMIT overrides: a copied tree may carry a stale .git)."""
+    if os.environ.get("ASYNCRL_COMMIT"):
+        return os.environ["ASYNCRL_COMMIT"]
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
@@ -121,6 +142,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--compile", action="store_true", help="learner.compile (torch.compile per decoder layer)")
+    p.add_argument("--profile", metavar="FILE", help="profile one extra step; write the op tables to FILE")
     args = p.parse_args()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     shape = args.shape or ("0.5b" if device.type == "cuda" else "tiny")
@@ -144,7 +167,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "learner", "shape": shape, "samples": len(seq_lens), "prompt_len": args.prompt_len,
         "response_len": tokens, "tokens_per_step": n_tokens, "micro_batch_tokens": args.micro_batch_tokens,
-        "attn": learner["attn"], "activation_checkpointing": args.checkpointing,
+        "attn": learner["attn"], "activation_checkpointing": args.checkpointing, "compile": args.compile,
         "step_s": round(learner["step_s"], 4), "tokens_per_s": round(n_tokens / learner["step_s"], 1),
         "tflops_per_s": round(step_flops / learner["step_s"] / 1e12, 2),
         "mfu": round(step_flops / learner["step_s"] / peak, 4) if peak else None,

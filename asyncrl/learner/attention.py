@@ -86,6 +86,7 @@ def _per_sequence(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: fl
     return torch.cat(outs) if outs else q.new_zeros(q.shape)
 
 
+@torch.compiler.disable  # compiled decoder layers break here: the kernel call and its probe stay eager
 def _hf_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                   **kwargs: Any) -> tuple[Tensor, None]:

@@ -118,6 +118,9 @@ class LearnerConfig:
     """Attention kernel: varlen (each packed sequence attends to itself alone: FlashAttention on CUDA, a
     per-sequence SDPA loop on CPU; see attention.py) or a Hugging Face one (sdpa / eager build a dense
     block-diagonal mask over the whole pack); auto: varlen."""
+    compile: bool = False
+    """torch.compile each decoder layer (fuses norms, rotary and the gated MLP; attention stays eager). The
+    first steps compile (tens of seconds); pays off on GPU."""
     activation_checkpointing: bool = False
     """Recompute decoder layers in backward (less memory, ~30% more compute)."""
     checkpoint_every: int = 10

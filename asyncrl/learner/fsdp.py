@@ -74,8 +74,10 @@ def shard(root: nn.Module, hf: nn.Module, dtype: torch.dtype, device: torch.devi
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    kwargs: dict = {"mesh": mesh}
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
+    # One rank: keep each unit's compute-dtype copy from forward to backward (there is nothing to free).
+    kwargs: dict = {"mesh": mesh, "reshard_after_forward": world > 1}
     if dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(hf):

@@ -70,6 +70,9 @@ class Trainer:
         hf = load_hf(path, self.attn)
         if trainable and self.cfg.activation_checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.cfg.compile:
+            for layer in fsdp.decoder_layers(hf):
+                layer.compile(dynamic=True)
         model = PolicyModel(hf, value_head, self.cfg.logprob_chunk_tokens).to(self.dist.device)
         model.requires_grad_(trainable)
         if self.dist.sharded:
