@@ -30,8 +30,9 @@ def tiny_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
 class FakeEngine:
     """Records what the weight protocol does to an engine (the Engine Protocol's weight half)."""
 
-    def __init__(self, device: str = "cpu", fail_load_at_version: int | None = None):
+    def __init__(self, device: str = "cpu", fail_load_at_version: int | None = None, die_at_version: int | None = None):
         self.device = device
+        self.die_at_version = die_at_version  # SIGKILL this process when the update to it begins
         self.weights: dict[str, torch.Tensor] = {}
         self.events: list[str] = []
         self._version = 0
@@ -55,6 +56,11 @@ class FakeEngine:
         self.events.append("resume")
 
     def begin_weight_update(self) -> None:
+        if self.die_at_version is not None and self._version + 1 == self.die_at_version:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)  # dies with the learner's broadcast of bucket 0 in flight
         self.events.append("begin")
 
     def load_weights(self, named_tensors) -> None:
@@ -71,11 +77,12 @@ class FakeEngine:
         self.events.append(f"end:{version}")
 
 
-def run_generator(endpoint: str, name: str, out_q, stop, device: str = "cpu", fail_load_at_version=None) -> None:
+def run_generator(endpoint: str, name: str, out_q, stop, device: str = "cpu", fail_load_at_version=None,
+                  die_at_version=None) -> None:
     """A generator loop: poll between (fake) decode steps, report every update result to the test."""
     from asyncrl.weights.receiver import WeightReceiver
 
-    engine = FakeEngine(device, fail_load_at_version)
+    engine = FakeEngine(device, fail_load_at_version, die_at_version)
     rx = WeightReceiver(endpoint, name, device, engine, timeout_s=10.0)
     try:
         while not stop.is_set():
@@ -85,7 +92,7 @@ def run_generator(endpoint: str, name: str, out_q, stop, device: str = "cpu", fa
             weights = {k: fingerprint(v) for k, v in engine.weights.items()}
             out_q.put({"name": name, "ok": result.ok, "version": result.version, "error": result.error,
                        "aborted": len(result.aborted), "timings": result.timings, "events": list(engine.events),
-                       "weights": weights})
+                       "weights": weights, "rejected": rx.rejected.as_dict()})
             engine.events.clear()
     finally:
         rx.close()
@@ -131,3 +138,41 @@ def group_member(port: int, group_name: str, backend: str, use_helper: bool, dev
         group.wait(group.broadcast(buf), 10.0)
         out_q.put((dist.is_initialized(), fingerprint(buf)))
         group.close()
+
+
+def run_learner(device: str, backend: str, timeout_s: float, out_q, cmd_q) -> None:
+    """A learner process with its own default process group (world of one) and a WeightSender: pushes v1,
+    v2 (during which the test's generator dies), checks the default group still works, then serves the
+    restarted generator's join with a full push of v2 and pushes v3. Reports each step to `out_q`."""
+    import socket
+
+    import torch.distributed as dist
+
+    from asyncrl.weights.sender import WeightSender
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    sds = {v: {k: t.to(device) for k, t in tiny_state_dict(v).items()} for v in (1, 2, 3)}
+    sender = WeightSender("tcp://127.0.0.1:0", device=device, bucket_bytes=512, timeout_s=timeout_s)
+    try:
+        out_q.put(sender.endpoint)
+        sender.wait_for_joins(1, 60)
+        for v in (1, 2):
+            r = sender.push(sds[v].items(), version=v)
+            out_q.put(("push", v, r.generators, dict(r.dropped)))
+        t = torch.full((4,), 3.0, device=device)
+        dist.all_reduce(t)  # the learner's own group, after the weight group was aborted
+        out_q.put(("default_group", t.cpu().tolist()))
+        cmd_q.get(timeout=60)  # the test restarted the generator
+        sender.wait_for_joins(1, 60)
+        r = sender.serve_joins(lambda: sds[2].items(), version=2)
+        out_q.put(("serve_joins", 2, r.generators if r else None, dict(r.dropped) if r else None))
+        r = sender.push(sds[3].items(), version=3)
+        out_q.put(("push", 3, r.generators, dict(r.dropped)))
+    finally:
+        sender.close()
+        dist.destroy_process_group()
