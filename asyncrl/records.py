@@ -306,7 +306,7 @@ class PeerDown:
 
 
 # ---------------------------------------------------------------- weight push (learner <-> generator)
-# One protocol for every engine, shaped like SGLang's (docs/sglang-api.md §3-4); see asyncrl.weights.
+# One protocol for every engine, shaped like SGLang's (docs/sglang.md, "Endpoints, in order"); see asyncrl.weights.
 
 
 @dataclass(kw_only=True, slots=True)

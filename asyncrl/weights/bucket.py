@@ -3,7 +3,7 @@
 A bucket is one contiguous uint8 buffer holding several tensors back to back, plus its layout
 (names, dtypes, shapes, byte offsets, total bytes). Every bucket holds tensors of one dtype only, so each
 offset is a multiple of that dtype's itemsize without padding; the layout is exactly SGLang's
-``load_format="flattened_bucket"`` (off_0 = 0, off_{i+1} = off_i + nbytes_i; docs/sglang-api.md §4.4).
+``load_format="flattened_bucket"`` (off_0 = 0, off_{i+1} = off_i + nbytes_i; docs/sglang.md).
 
     (name, tensor) stream --iter_buckets--> (flat uint8 [nbytes], BucketLayout) ... --unflatten--> views
 

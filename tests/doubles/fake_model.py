@@ -2,7 +2,7 @@
 
 Tests recompute the expected logprob of any generated token with `FakeModel.logprobs`, which is how
 they check that the adapter passes the temperature through and stamps the right version. Sampling
-follows SGLang's semantics (docs/sglang-api.md §5.1): top-k/top-p truncate what can be sampled, but
+follows SGLang's semantics (docs/sglang.md, "Logprobs"): top-k/top-p truncate what can be sampled, but
 the reported logprob is `log_softmax(z / T)` over the whole vocabulary; T < 1e-6 is greedy and then
 reports `log_softmax(z)`.
 """

@@ -4,7 +4,7 @@
 * Otherwise: logits / T, top-k and top-p mask the tail of the sorted distribution (top-p keeps the
   token that crosses p), then Gumbel-max with counter-based noise (`asyncrl.engine.torch.rng`).
   logprob = log_softmax(logits / T) over the full vocabulary, without the truncation: the same
-  definition as SGLang (docs/sglang-api.md §5.1), computed in fp32.
+  definition as SGLang (docs/sglang.md, "Logprobs"), computed in fp32.
 """
 
 from __future__ import annotations
