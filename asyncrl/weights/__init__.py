@@ -4,7 +4,10 @@
     group.py      standalone per-generator process group from a TCP rendezvous (gloo / NCCL)
     transport.py  WeightTransport Protocol (the data path) + BroadcastTransport; DirectReceiver hook
     cuda_ipc.py   IpcTransport: same-GPU generators read the learner's buffer by CUDA IPC
-    sender.py     WeightSender (learner rank 0): joins, push(), serve_joins(), PushReport
+    inbox.py      the gate for inbound control frames: bounded sockets, decode, type check, `Rejections`
+    member.py     one generator as the sender sees it; check_join, take_ack
+    report.py     PushReport
+    sender.py     WeightSender (learner rank 0): joins, push(), serve_joins()
     receiver.py   WeightReceiver (generator): poll() runs pause -> begin -> load -> end -> resume
 """
 
