@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from asyncrl import records as R
+from asyncrl.credentials import SECRET_FILE, Credentials
 from asyncrl.peer import HubPeer
 
 PromptLike = str | list[int] | dict[str, Any] | R.Prompt
@@ -76,6 +77,13 @@ class Handle:
             self.client._pump_until(None)
 
 
+def client_credentials(run_dir: str | Path | None) -> Credentials | None:
+    """Role "client" from the run directory's secret (readable by its owner only); else the environment's."""
+    if run_dir is None or Credentials.from_env() is not None or not (Path(run_dir) / SECRET_FILE).exists():
+        return None
+    return Credentials.from_run_dir(run_dir, "client")
+
+
 class Client:
     def __init__(self, endpoint: str | None = None, *, run_dir: str | Path | None = None,
                  name: str = "", timeout_s: float = 30.0) -> None:
@@ -83,7 +91,7 @@ class Client:
             raise ValueError("Client: give exactly one of endpoint or run_dir")
         self.endpoint = endpoint or endpoint_from_run_dir(run_dir)  # type: ignore[arg-type]
         self.name = name or f"client-{uuid.uuid4().hex[:8]}"
-        self.peer = HubPeer(self.endpoint, self.name, timeout_s=timeout_s)
+        self.peer = HubPeer(self.endpoint, self.name, timeout_s=timeout_s, credentials=client_credentials(run_dir))
         self.handles: dict[str, Handle] = {}
         self._lock = threading.Lock()
 

@@ -11,7 +11,11 @@ import argparse
 import logging
 import signal
 import sys
+import os
 import threading
+from pathlib import Path
+
+from asyncrl.credentials import SECRET_FILE, Credentials
 
 
 class StopFlag:
@@ -38,6 +42,13 @@ class StopFlag:
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
         return self
+
+
+def adopt_credentials(run_dir: str | Path, role: str) -> None:
+    """A service started by hand (no key from the launcher in its environment) proves `role` with the run
+    directory's secret; HubPeer reads the credentials from the environment."""
+    if Credentials.from_env() is None and (Path(run_dir) / SECRET_FILE).exists():
+        os.environ.update(Credentials.from_run_dir(run_dir, role).to_env())
 
 
 def setup_logging(name: str, level: int = logging.INFO) -> logging.Logger:

@@ -19,6 +19,7 @@ class ProcessSpec:
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     restartable: bool = False
+    role: str = ""  # what it proves to the hub: "generator", "reward", "learner", "launcher" (the hub: "")
 
 
 @dataclass

@@ -1,10 +1,16 @@
 """Start, watch and stop the processes of one run.
 
     launcher ─spawn─▶ replay ─▶ learner ranks ─▶ generators ─▶ reward workers
+        │  secret: RUN_DIR/secret (0600); each child gets its role's key in its environment
         │  feeder thread: keeps the hub's prompt queue topped up
-        │  watch loop: restart crashed generators / reward workers (up to launch.max_restarts);
-        │              a crashed hub or learner ends the run with its log tail
-        └─ at the end: summary.json with the hub's final accounting
+        │  watch loop (every 0.5 s):
+        │     a crashed hub, generator or reward worker is restarted (the hub from its log, on the same
+        │       endpoint; the others reconnect on their own within launch.hub_reconnect_s), within
+        │       launch.max_restarts per launch.restart_window_s; a dead generator's leases are handed
+        │       back at once (PeerDown); a crashed learner ends the run with its log tail
+        │     the progress watchdog ends a run with no learner step for launch.stall_timeout_s, with why
+        └─ at the end: stop generators and reward workers, let the learner checkpoint and commit, then
+           summary.json with the hub's final accounting (a dead hub is restarted to give it), then the hub
 
 The run ends when every learner rank exits 0 (it ran learner.steps). Ctrl-C asks the learner to
 checkpoint and stop (SIGINT to the learner ranks), then stops the rest.
@@ -17,19 +23,25 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from asyncrl.config.run import RunConfig
-from asyncrl.feeder import Feeder
-from asyncrl.peer import HubPeer
 from asyncrl import records as R
-from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
-from launch.progress import Progress
+from asyncrl.config.run import RunConfig
+from asyncrl.credentials import Credentials, RunSecret
+from asyncrl.feeder import Feeder
+from asyncrl.peer import ENV_RECONNECT, HubPeer
 from asyncrl.rundir import write_json
+from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
+from launch.progress import Progress, last_metrics
+from launch.restarts import RestartBudget
 from launch.run_dir import free_port
+from launch.watchdog import ProgressWatchdog
 
 log = logging.getLogger("launch")
+
+HUB_READY_S = 60.0  # a (re)started hub answers within this (it replays its log first)
 
 
 class RunFailed(RuntimeError):
@@ -48,33 +60,40 @@ class Supervisor:
         host = cfg.launch.host
         self.endpoints = {"replay": f"tcp://{host}:{free_port(host)}", "weights": f"tcp://{host}:{free_port(host)}"}
         self.master_port = free_port(host)
+        self.secret = RunSecret.ensure(run_dir)
+        self.credentials = Credentials.for_role(self.secret, "launcher")
+        os.environ.update(self.credentials.to_env())  # this process's own peers (the feeder) are the launcher
         self.children: dict[str, Child] = {}
+        self.budgets: dict[str, RestartBudget] = {}
         self.feeder: Feeder | None = None
         self.peer: HubPeer | None = None
+        self.watchdog = ProgressWatchdog(cfg.launch.stall_timeout_s)
 
     # ------------------------------------------------------------------ specs
 
-    def _common(self, name: str) -> list[str]:
-        return ["--run-dir", str(self.run_dir), "--name", name]
+    def _child_env(self, role: str) -> dict[str, str]:
+        return {**Credentials.for_role(self.secret, role).to_env(), ENV_RECONNECT: str(self.cfg.launch.hub_reconnect_s)}
+
+    def _service(self, name: str, module: str, role: str, device: str | None = None, **kw: Any) -> ProcessSpec:
+        args = ["--run-dir", str(self.run_dir), "--name", name, *(["--device", device] if device else [])]
+        env = {**self._child_env(role), **kw.pop("env", {})}
+        return ProcessSpec(name=name, module=module, args=args, env=env, role=role, **kw)
 
     def specs(self) -> list[ProcessSpec]:
         cfg = self.cfg
-        out = [ProcessSpec(name="replay", module="services.replay",
+        out = [ProcessSpec(name="replay", module="services.replay", restartable=True,
                            args=["--run-dir", str(self.run_dir), "--endpoint", self.endpoints["replay"]])]
         world = cfg.learner.ranks
         for rank in range(world):
             device = cfg.learner.devices[rank] if cfg.learner.devices else default_device(rank)
             env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                    "MASTER_ADDR": cfg.launch.host, "MASTER_PORT": str(self.master_port)}
-            out.append(ProcessSpec(name=f"learner-{rank}", module="services.learner",
-                                   args=[*self._common(f"learner-{rank}"), "--device", device], env=env))
+            out.append(self._service(f"learner-{rank}", "services.learner", "learner", device, env=env))
         for i in range(cfg.generator.count):
             device = cfg.generator.devices[i] if cfg.generator.devices else default_device(i)
-            out.append(ProcessSpec(name=f"generator-{i}", module="services.generator",
-                                   args=[*self._common(f"generator-{i}"), "--device", device], restartable=True))
+            out.append(self._service(f"generator-{i}", "services.generator", "generator", device, restartable=True))
         for i in range(cfg.reward.workers):
-            out.append(ProcessSpec(name=f"reward-{i}", module="services.reward",
-                                   args=["--run-dir", str(self.run_dir), "--name", f"reward-{i}"], restartable=True))
+            out.append(self._service(f"reward-{i}", "services.reward", "reward", restartable=True))
         return out
 
     # ------------------------------------------------------------------ life cycle
@@ -83,11 +102,13 @@ class Supervisor:
         self._write_run_json()
         for spec in self.specs():
             self.children[spec.name] = spawn(spec, self.run_dir / "logs")
+            self.budgets[spec.name] = RestartBudget(self.cfg.launch.max_restarts, self.cfg.launch.restart_window_s)
             self._write_run_json()
             if spec.name == "replay":
-                self.peer = HubPeer(self.endpoints["replay"], "launcher", timeout_s=60.0)
+                self.peer = HubPeer(self.endpoints["replay"], "launcher", timeout_s=HUB_READY_S,
+                                    credentials=self.credentials, reconnect_s=0)
                 self.peer.request(R.StatsRequest())  # waits until the hub answers
-                self.peer.timeout_s = 10.0
+                self.peer.timeout_s = 3.0  # the watch loop must not stall on a dead hub
         self.feeder = Feeder(self.cfg, self.endpoints["replay"], self.run_dir)
         self.feeder.start()
 
@@ -97,7 +118,11 @@ class Supervisor:
             learners = [c for n, c in self.children.items() if n.startswith("learner")]
             if all(c.proc.poll() == 0 for c in learners):
                 return
-            progress.update(self._stats())
+            stats = self._stats()
+            progress.update(stats)
+            stalled = self.watchdog.check(int(last_metrics(self.run_dir).get("step", 0)), stats)
+            if stalled:
+                raise RunFailed(stalled)
             time.sleep(0.5)
 
     def interrupt(self) -> None:
@@ -112,22 +137,26 @@ class Supervisor:
                     time.sleep(0.2)
 
     def finish(self) -> dict:
-        stats = self._stats()
+        """Stop producers, let the learner checkpoint and commit, read the final accounting, stop the hub."""
         if self.feeder is not None:
             self.feeder.stop()
+        for prefix in ("generator", "reward", "learner"):
+            stop([c for n, c in self.children.items() if n.startswith(prefix)])
+        stats = self._final_stats()
         if self.peer is not None:
             try:
                 self.peer.request(R.Shutdown(reason="run finished"))
             except Exception:  # noqa: BLE001 - the hub may already be gone
                 pass
-        order = ["generator", "reward", "learner", "replay"]
-        for prefix in order:
-            stop([c for n, c in self.children.items() if n.startswith(prefix)])
+        stop([c for n, c in self.children.items() if n == "replay"])
         if self.peer is not None:
             self.peer.close()
-        summary = {"accounting": stats.get("accounting", {}), "hub": stats,
+        accounting = stats.get("accounting") or {
+            "error": "the hub did not answer at the end; its log in the run directory still holds the state: "
+                     "`python -m launch --resume RUN_DIR` continues the run and reports it"}
+        summary = {"accounting": accounting, "hub": stats,
                    "exit_codes": {n: c.proc.returncode for n, c in self.children.items()},
-                   "restarts": {n: c.restarts for n, c in self.children.items()}}
+                   "restarts": {n: b.total for n, b in self.budgets.items()}}
         write_json(self.run_dir / "summary.json", summary)
         return summary
 
@@ -142,15 +171,39 @@ class Supervisor:
                 continue
             if not child.spec.restartable:
                 raise RunFailed(f"{name} exited with code {code}; last lines of {child.log_path}:\n{log_tail(child)}")
-            if child.restarts >= self.cfg.launch.max_restarts:
-                raise RunFailed(f"{name} crashed {child.restarts + 1} times (launch.max_restarts="
-                                f"{self.cfg.launch.max_restarts}); last lines:\n{log_tail(child)}")
-            log.warning("%s exited with code %s; restarting (%d/%d)", name, code, child.restarts + 1,
-                        self.cfg.launch.max_restarts)
-            fresh = spawn(child.spec, self.run_dir / "logs")
-            fresh.restarts = child.restarts + 1
-            self.children[name] = fresh
-            self._write_run_json()
+            self._restart(name, child, code)
+
+    def _restart(self, name: str, child: Child, code: int) -> None:
+        if child.spec.role == "generator":
+            self._report_down(child, code)
+        if not self.budgets[name].take():
+            raise RunFailed(f"{self.budgets[name].spent_message(name)}; last lines:\n{log_tail(child)}")
+        log.warning("%s exited with code %s; restarting (%d within %.0f s allowed)", name, code,
+                    self.cfg.launch.max_restarts, self.cfg.launch.restart_window_s)
+        self.children[name] = spawn(child.spec, self.run_dir / "logs")
+        self._write_run_json()
+
+    def _report_down(self, child: Child, code: int) -> None:
+        """Its leases go back to the queue now instead of at hub.lease_timeout_s."""
+        if self.peer is None:
+            return
+        try:
+            self.peer.request(R.PeerDown(service=child.spec.role, name=child.spec.name, reason=f"exit code {code}"))
+        except Exception as e:  # noqa: BLE001 - the hub may be down too; its leases then expire as usual
+            log.warning("could not report %s down to the hub: %s", child.spec.name, e)
+
+    def _final_stats(self) -> dict:
+        hub = self.children.get("replay")
+        if hub is None:
+            return self._stats()
+        if hub.proc.poll() is not None and self.budgets["replay"].take():
+            log.warning("the hub is down at the end; restarting it from its log for the final accounting")
+            self.children["replay"] = spawn(hub.spec, self.run_dir / "logs")
+        deadline = time.monotonic() + HUB_READY_S
+        while True:
+            stats = self._stats()
+            if stats or time.monotonic() > deadline or self.children["replay"].proc.poll() is not None:
+                return stats
 
     def _stats(self) -> dict:
         if self.peer is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.generator.build import build_generator
-from asyncrl.lifecycle import StopFlag, service_args, setup_logging
+from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
 from asyncrl.rundir import load_config, read_run_json
 
 
@@ -17,6 +17,7 @@ def main() -> None:
     log = setup_logging(args.name)
     stop = StopFlag().install()
     cfg = load_config(args.run_dir)
+    adopt_credentials(args.run_dir, "generator")
     if args.device == "cpu":
         torch.set_num_threads(1)  # small decode steps: threads cost more than they give, and the learner shares the cores
     endpoints = read_run_json(args.run_dir)["endpoints"]

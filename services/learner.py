@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from asyncrl.learner.service import LearnerService, init_distributed
-from asyncrl.lifecycle import StopFlag, service_args, setup_logging
+from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
 from asyncrl.rundir import load_config, read_run_json
 
 
@@ -18,6 +18,7 @@ def main() -> None:
     log = setup_logging(args.name)
     stop = StopFlag().install()
     cfg = load_config(args.run_dir)
+    adopt_credentials(args.run_dir, "learner")
     init_distributed(args.device)
     service = LearnerService(cfg, args.run_dir, args.name, args.device, read_run_json(args.run_dir)["endpoints"], stop)
     log.info("learner %s on %s: %d steps", args.name, args.device, cfg.learner.steps)

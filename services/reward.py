@@ -10,7 +10,7 @@ import argparse
 import asyncio
 
 from asyncrl.config.run import RunConfig, load_run_config
-from asyncrl.lifecycle import StopFlag, setup_logging
+from asyncrl.lifecycle import StopFlag, adopt_credentials, setup_logging
 from asyncrl.peer import HubPeer
 from asyncrl.records import FatalError
 from asyncrl.reward.scorer import Scorer
@@ -49,6 +49,8 @@ def main() -> None:
     log = setup_logging(args.name)
     stop = StopFlag().install()
     cfg, endpoint = resolve(args)
+    if args.run_dir:
+        adopt_credentials(args.run_dir, "reward")
     peer = HubPeer(endpoint, args.name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     scorer = Scorer(cfg.reward)
     worker = RewardWorker(peer, scorer, cfg.reward, args.name)

@@ -1,4 +1,4 @@
-"""Config of the launcher: where the run lives and how it is shown."""
+"""Config of the launcher: where the run lives, how it is shown, how it is supervised."""
 
 from __future__ import annotations
 
@@ -10,10 +10,28 @@ class LaunchConfig:
     run_dir: str = ""
     """Run directory (default: runs/<timestamp>)."""
     host: str = "127.0.0.1"
-    """Address services bind (loopback unless you run across hosts)."""
+    """Address services bind: ZeroMQ endpoints and the learner's TCP stores (loopback unless you run across
+    hosts; any other address makes the hub require CURVE, see docs/trust.md)."""
     progress: bool = True
     """Live progress in the terminal."""
     max_restarts: int = 3
-    """Restarts per crashed generator / reward worker before the run is stopped."""
+    """Restarts of one crashed service (hub, generator, reward worker) allowed within restart_window_s;
+    one more crash in that window stops the run."""
+    restart_window_s: float = 600.0
+    """The window over which max_restarts is counted (crashes older than this are forgiven)."""
+    hub_reconnect_s: float = 120.0
+    """How long a service keeps retrying a hub that does not answer (while the launcher restarts it)."""
+    stall_timeout_s: float = 900.0
+    """End the run when the learner makes no step for this long (0 = never); the error says why."""
     seed: int = 0
     """Global seed."""
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"launch.max_restarts={self.max_restarts}: must be >= 0 (0 = no restarts)")
+        if self.restart_window_s <= 0:
+            raise ValueError(f"launch.restart_window_s={self.restart_window_s}: must be > 0 seconds")
+        if self.hub_reconnect_s < 0:
+            raise ValueError(f"launch.hub_reconnect_s={self.hub_reconnect_s}: must be >= 0 (0 = fail at once)")
+        if self.stall_timeout_s < 0:
+            raise ValueError(f"launch.stall_timeout_s={self.stall_timeout_s}: must be >= 0 (0 = no watchdog)")

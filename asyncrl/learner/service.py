@@ -34,7 +34,8 @@ from asyncrl.learner.checkpoint import latest_checkpoint
 from asyncrl.learner.trainer import Trainer
 from asyncrl.lifecycle import StopFlag
 from asyncrl.metrics import MetricsWriter
-from asyncrl.peer import HubPeer
+from asyncrl.tcp_store import bound_store, client_store
+from asyncrl.peer import HubError, HubPeer
 from asyncrl.timeline import Timeline
 from asyncrl.weights.bucket import drain
 from asyncrl.weights.sender import WeightSender
@@ -42,8 +43,10 @@ from asyncrl.weights.sender import WeightSender
 log = logging.getLogger(__name__)
 
 
-def init_distributed(device: str) -> None:
-    """Join the learner's own process group (env:// from the launcher, like torchrun)."""
+def init_distributed(device: str, timeout_s: float = 300.0) -> None:
+    """Join the learner's own process group (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher,
+    like torchrun). Rank 0 hosts the rendezvous store on MASTER_ADDR only (env:// would listen on every
+    interface)."""
     os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     if dist.is_initialized():
@@ -51,7 +54,11 @@ def init_distributed(device: str) -> None:
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    dist.init_process_group(backend=backend, init_method="env://")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = (bound_store(address, port, world, timeout_s) if rank == 0
+             else client_store(address, port, world, timeout_s))
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
 
 
 class LearnerService:
@@ -76,6 +83,14 @@ class LearnerService:
 
     def run(self) -> None:
         self._resume()
+        try:
+            self._loop()
+        finally:  # stopped, finished, or the hub failed us: keep every finished step
+            self._final_checkpoint()
+        if self.trainer.step >= self.cfg.learner.steps:
+            self.trainer.export(self.run_dir / "export")
+
+    def _loop(self) -> None:
         steps = self.cfg.learner.steps
         while self.trainer.step < steps:
             step = self.trainer.step + 1
@@ -89,11 +104,13 @@ class LearnerService:
             if step == steps or step % self.cfg.learner.checkpoint_every == 0:
                 self._checkpoint()
             self._report(step, batch, metrics, push)
-        if self.trainer.step > self.checkpointed_step:  # stopped early: keep every finished step
-            self.hub.timeout_s = min(self.hub.timeout_s, 10.0)  # the hub may be stopping too
-            self._checkpoint()
-        if self.trainer.step >= steps:
-            self.trainer.export(self.run_dir / "export")
+
+    def _final_checkpoint(self) -> None:
+        if self.trainer.step <= self.checkpointed_step:
+            return
+        self.hub.timeout_s = min(self.hub.timeout_s, 5.0)  # the hub may be stopping or gone
+        self.hub.reconnect_s = 0.0
+        self._checkpoint()
 
     def close(self) -> None:
         self.timeline.close()
@@ -113,6 +130,8 @@ class LearnerService:
             log.info("resumed from %s at step %d (policy version %d)", path, self.trainer.step, self.trainer.version)
         if self.rank == 0:
             self.hub.request(R.WeightVersion(version=self.trainer.version))
+            if self.trainer.step > 0:  # a checkpoint whose commit the hub never got (it was down): commit now
+                self._commit(self.trainer.step)
 
     def _wait_batch(self, step: int) -> R.Batch | None:
         batch: R.Batch | None = None
@@ -154,7 +173,15 @@ class LearnerService:
             self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step})
         self.checkpointed_step = step
         if self.rank == 0:
+            self._commit(step)
+
+    def _commit(self, step: int) -> None:
+        """Tell the hub `step` is trained and checkpointed. Failing that, the checkpoint still stands: the
+        resumed learner commits it again first thing."""
+        try:
             self.hub.request(R.CommitStep(step=step, policy_version=self.trainer.version))
+        except (HubError, TimeoutError) as e:
+            log.warning("step %d checkpointed but not committed at the hub (%s); committed on resume", step, e)
 
     def _report(self, step: int, batch: R.Batch, metrics: dict[str, float], push: dict[str, Any]) -> None:
         if self.metrics is None:

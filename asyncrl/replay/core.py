@@ -27,6 +27,7 @@ from asyncrl.replay.config import HubConfig
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.peers import PeerTable
 from asyncrl.replay.roles import Caller, refusal
+from asyncrl.replay.roles import Caller, refusal
 from asyncrl.replay.scoring import ScoreDispatch
 from asyncrl.replay.stats import hub_stats, rejection_kind
 
@@ -57,6 +58,7 @@ class HubCore:
         self.counters = {"rejected_frames": 0, "rejected_requests": 0, "internal_errors": 0, "requests": 0,
                          "rejected_sample_batches": 0, "refused_requests": 0}
         self.auth: dict[str, int] | None = None  # connection counters of the hub's ZAP handler, when it has one
+        self.last_failure = ""  # reason of the latest sample a reward worker failed
         self.rejected: Counter[str] = Counter()  # rejected frames by `rejection_kind` (a fixed, small set)
         self.shutdown = False
         self.handlers: dict[type, Callable[[Envelope, Any, Any, float], Any]] = {
@@ -65,7 +67,7 @@ class HubCore:
             R.ScoredBatch: self._scored,
             R.BatchRequest: self._batch, R.CommitStep: self._commit, R.WeightVersion: self._version,
             R.Heartbeat: self._heartbeat, R.FatalError: self._fatal, R.Shutdown: self._shutdown,
-            R.StatsRequest: self._stats, R.PeerDown: self._peer_down,
+            R.StatsRequest: self._stats, R.PeerDown: self._peer_down, R.PeerDown: self._peer_down,
         }
 
     # ------------------------------------------------------------------------------ entry points
@@ -201,6 +203,9 @@ class HubCore:
         return self._score(msg.scores)
 
     def _score(self, results: list[R.ScoreResult]) -> R.Ack:
+        failed = [r.reason for r in results if r.status is R.ScoreStatus.FAILED]
+        if failed:  # the launcher's watchdog names it when no step is made
+            self.last_failure = failed[-1][:300]
         out = self.journal.score(results)
         for scored in out.scored:
             self._notify(scored)
@@ -288,6 +293,7 @@ class HubCore:
 
     def _stats(self, env: Envelope, frame: Any, msg: R.StatsRequest, now: float) -> R.Stats:
         counters = hub_stats(self, now)
+        counters["last_failure"] = self.last_failure
         if self.auth is not None:
             counters["auth"] = dict(self.auth)
         return R.Stats(counters=counters)
@@ -307,6 +313,13 @@ class HubCore:
         if isinstance(msg, R.ScoreRequest):
             return R.ToScore(items=[])
         return R.Ack(ok=False, info={"reason": "timeout"})
+
+    def _refuse(self, env: Envelope, reason: str, request_type: str) -> None:
+        """The caller's role may not send this (or not for this lease): counted, logged, answered."""
+        self.counters["refused_requests"] += 1
+        if _worth_logging(self.counters["refused_requests"]):
+            log.warning("refused request #%d %s: %s", self.counters["refused_requests"], request_type, reason)
+        self.outbox.append((env, R.ErrorReply(reason=f"refused: {reason}", request_type=request_type)))
 
     def _refuse(self, env: Envelope, reason: str, request_type: str) -> None:
         """The caller's role may not send this (or not for this lease): counted, logged, answered."""

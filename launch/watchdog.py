@@ -1,0 +1,42 @@
+"""`ProgressWatchdog`: ends a run whose learner makes no step for `stall_timeout_s`, saying why.
+
+The supervisor feeds it the newest learner step (metrics.jsonl) and the hub's counters every watch turn;
+`check` returns the reason to stop or "". The reason names what the hub sees: samples failing (with the
+last failure reason the reward workers gave), nothing generated, or no hub at all. Clock injected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class ProgressWatchdog:
+    def __init__(self, stall_timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s, self.clock = stall_timeout_s, clock
+        self.step = -1
+        self.since = clock()
+
+    def check(self, step: int, hub: dict[str, Any]) -> str:
+        now = self.clock()
+        if step != self.step:
+            self.step, self.since = step, now
+            return ""
+        if self.timeout_s <= 0 or now - self.since < self.timeout_s:
+            return ""
+        return f"no learner step for {now - self.since:.0f} s (launch.stall_timeout_s={self.timeout_s:g}): " + diagnose(hub)
+
+
+def diagnose(hub: dict[str, Any]) -> str:
+    if not hub:
+        return "the hub does not answer"
+    acc = hub.get("accounting") or {}
+    failed, trained = int(acc.get("failed", 0)), int(acc.get("trained", 0))
+    last = hub.get("last_failure") or "no reason given"
+    if failed and not trained:
+        return f"every sample failed ({failed} so far): {last}"
+    if failed:
+        return f"samples are failing ({failed} failed, {trained} trained); last reason: {last}"
+    states = {k: v for k, v in (hub.get("states") or {}).items() if v}
+    return f"nothing reaches the learner; hub sample states {states}, queued prompts {hub.get('queued_prompts')}"

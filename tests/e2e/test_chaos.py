@@ -1,0 +1,96 @@
+"""Supervision under faults, with real launcher runs of the embedded default on CPU:
+the generator SIGKILLed six times and the hub once in one run; a reward function that always raises
+(the watchdog ends the run with the reason); a SIGKILLed launcher (the learner still checkpoints);
+the learner's rendezvous store listening on loopback only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import metrics
+from test_learning_loop import launch, summary
+from test_supervision import _alive, wait_for_step
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+FAST = ["hub.lease_timeout_s=300", "launch.restart_window_s=600", "generator.heartbeat_s=0.5",
+        "reward.heartbeat_s=0.5"]
+
+
+def pids(run_dir: Path) -> dict[str, int]:
+    return json.loads((run_dir / "run.json").read_text())["pids"]
+
+
+def kill(run_dir: Path, name: str) -> int:
+    pid = pids(run_dir)[name]
+    os.killpg(pid, signal.SIGKILL)
+    return pid
+
+
+def wait_new_pid(run_dir: Path, name: str, old: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while pids(run_dir)[name] == old:
+        assert time.monotonic() < deadline, f"{name} was not restarted"
+        time.sleep(0.1)
+
+
+def test_generator_killed_six_times_and_hub_once_the_run_finishes_by_itself(tmp_path):
+    run_dir = tmp_path / "run"
+    steps = 24
+    # the budget counts per window: 6 generator restarts fit in one window of max_restarts=6
+    proc = launch(run_dir, f"learner.steps={steps}", "learner.checkpoint_every=4", "launch.max_restarts=6",
+                  *FAST, wait=False)
+    try:
+        for i in range(6):
+            wait_for_step(run_dir, 2 + 3 * i)
+            wait_new_pid(run_dir, "generator-0", kill(run_dir, "generator-0"))
+            if i == 2:
+                wait_new_pid(run_dir, "replay", kill(run_dir, "replay"))
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    s = summary(run_dir)
+    assert s["accounting"]["lost"] == 0, s["accounting"]
+    assert s["restarts"]["generator-0"] == 6 and s["restarts"]["replay"] == 1, s["restarts"]
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, steps + 1))  # every step trained once
+    assert s["hub"]["leases"] == 0  # nothing held by the dead generators at the end
+
+
+def test_reward_that_always_raises_ends_the_run_with_the_reason(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    (tmp_path / "bad_reward.py").write_text(
+        "def score(response, spec):\n    raise RuntimeError('broken reward for every sample')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    component = '[{kind="python", options={function="bad_reward:score"}}]'
+    proc = launch(run_dir, "learner.steps=5", "launch.stall_timeout_s=20", f"reward.components={component}",
+                  wait=False)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out
+    assert "every sample failed" in out and "broken reward for every sample" in out, out[-3000:]
+    s = summary(run_dir)
+    assert s["accounting"]["failed"] > 0 and s["accounting"]["trained"] == 0 and s["accounting"]["lost"] == 0
+
+
+def test_killed_launcher_still_leaves_a_final_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "learner.steps=200", "learner.checkpoint_every=100", wait=False)
+    wait_for_step(run_dir, 3)
+    learner = pids(run_dir)["learner-0"]
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 90
+    while _alive(learner) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(learner)
+    last = metrics(run_dir)[-1]["step"]
+    ckpts = sorted((p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")),
+                   key=lambda n: int(n.rsplit("-", 1)[-1].rsplit("_", 1)[-1]) if n[-1].isdigit() else -1)
+    assert ckpts and ckpts[-1].endswith(str(last)), (ckpts, last)
