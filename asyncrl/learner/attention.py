@@ -93,9 +93,8 @@ def _hf_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Te
     """transformers' attention-function signature: query [1, Hq, T, D], key/value [1, Hkv, T, D]
     -> ([1, T, Hq, D], None)."""
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is None:
-        raise ValueError("attn_implementation='varlen' needs cu_seq_lens_q / max_length_q from the packed "
-                         "micro-batch (asyncrl.learner.model.PolicyModel passes them); use 'sdpa' for plain calls")
+    if cu is None:  # a plain call (no pack boundaries): each row is one causal sequence
+        return _plain_causal(query, key, value, attention_mask, scaling), None
     if query.shape[0] != 1 or dropout:
         raise ValueError("varlen attention takes one packed row and no dropout")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -104,8 +103,24 @@ def _hf_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Te
     return out[None], None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    return None
+def _plain_causal(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
+    """[B, Hq, T, D], [B, Hkv, T, D] -> [B, T, Hq, D], causal, or under a given 4-D mask."""
+    rep = query.shape[1] // key.shape[1]
+    if rep > 1:
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=mask is None, scale=scale)
+    return out.transpose(1, 2)
+
+
+def _mask(*args: Any, **kwargs: Any) -> Tensor | None:
+    """No mask for packed rows (the boundaries carry the structure); a plain call with a padding mask gets
+    HF's SDPA mask, which `_plain_causal` honours."""
+    if kwargs.get("attention_mask") is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
 
 
 def register() -> str:
@@ -114,7 +129,7 @@ def register() -> str:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, _hf_attention)
-    AttentionMaskInterface.register(NAME, _no_mask)
+    AttentionMaskInterface.register(NAME, _mask)
     return NAME
 
 

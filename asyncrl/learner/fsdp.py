@@ -1,8 +1,9 @@
 """Process-group helpers and FSDP2 wrapping of the policy.
 
 With an initialised default process group (any world size, gloo on CPU, NCCL on GPU) the model is
-sharded with `fully_shard`: one FSDP unit per decoder layer (the classes HF lists in `_no_split_modules`)
-and the `PolicyModel` as root (embeddings, final norm, lm_head, value head). Master parameters stay fp32
+sharded with `fully_shard`: one FSDP unit per decoder layer (the classes HF lists in `_no_split_modules`;
+with one rank there is no communication to overlap, so the whole model is one unit and the per-layer
+hooks' host time is saved) and the `PolicyModel` as root (embeddings, final norm, lm_head, value head). Master parameters stay fp32
 and only the optimizer touches them; forward and backward run on bf16 copies that FSDP makes once per
 unit per micro-batch, with fp32 gradient reduction (`MixedPrecisionPolicy`). A single process that trains
 in bf16 joins a one-rank group of its own (`init_single_rank`) so it gets the same mixed precision instead
@@ -80,8 +81,9 @@ def shard(root: nn.Module, hf: nn.Module, dtype: torch.dtype, device: torch.devi
     kwargs: dict = {"mesh": mesh, "reshard_after_forward": world > 1}
     if dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for layer in decoder_layers(hf):
-        fully_shard(layer, **kwargs)
+    if world > 1:  # per-layer units overlap communication with compute; one rank has nothing to overlap
+        for layer in decoder_layers(hf):
+            fully_shard(layer, **kwargs)
     fully_shard(root, **kwargs)
 
 

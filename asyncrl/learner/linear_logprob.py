@@ -28,7 +28,7 @@ from torch import Tensor
 
 from asyncrl.learner import logprob_kernels as K
 
-KEEP_LOGITS_BYTES = 8 << 30  # logits of one micro-batch kept between forward and backward (bf16: 26k x 152k)
+KEEP_LOGITS_BYTES = 16 << 30  # logits of one micro-batch kept between forward and backward (bf16: 56k x 152k)
 
 
 class _LinearLogprob(torch.autograd.Function):

@@ -12,9 +12,12 @@ from asyncrl.learner.config import LearnerConfig
 
 
 def build_optimizer(params: Iterable[nn.Parameter], cfg: LearnerConfig) -> torch.optim.AdamW:
+    """AdamW over the fp32 master parameters; the fused (one kernel per step) implementation on CUDA."""
+    trainable = [p for p in params if p.requires_grad]
+    fused = bool(trainable) and all(p.is_cuda for p in trainable)
     return torch.optim.AdamW(
-        [p for p in params if p.requires_grad], lr=cfg.lr, betas=(cfg.adam_betas[0], cfg.adam_betas[1]),
-        eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+        trainable, lr=cfg.lr, betas=(cfg.adam_betas[0], cfg.adam_betas[1]), eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay, fused=fused or None,
     )
 
 
