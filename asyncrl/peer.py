@@ -12,7 +12,8 @@ a repeat is either answered again or refused with a reason), after that TimeoutE
 
 Authentication (asyncrl.credentials): the socket proves `credentials` (default: the role and key the
 launcher put in the environment, `Credentials.from_env()`; none: an unauthenticated hub, e.g. in tests).
-`reconnect_s` defaults to ASYNCRL_HUB_RECONNECT_S from the launcher, else 0.
+`reconnect_s` defaults to ASYNCRL_HUB_RECONNECT_S from the launcher, else 0; `give_up()` (a service's stop
+flag) ends the retries early.
 
 Messages the hub pushes unasked (`Completion`s for clients that
 submitted with watch=True) are kept in order and read with `receive()`. Not thread-safe: one per thread.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -57,6 +59,7 @@ class HubPeer:
         if self.reconnect_s < 0:
             raise ValueError(f"reconnect_s={self.reconnect_s}: must be >= 0 (0 = fail on the first timeout)")
         self.reconnects = 0
+        self.give_up: Callable[[], bool] = lambda: False  # e.g. a service's stop flag: no more retries
         self.ctx = zmq.Context.instance()
         self.pushed: deque[Any] = deque()
         self.sock = self._connect()
@@ -77,7 +80,7 @@ class HubPeer:
             try:
                 return self._attempt(msg, frame)
             except TimeoutError:
-                if time.monotonic() >= give_up:
+                if time.monotonic() >= give_up or self.give_up():
                     raise
                 self.reconnects += 1
 

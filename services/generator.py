@@ -22,6 +22,7 @@ def main() -> None:
         torch.set_num_threads(1)  # small decode steps: threads cost more than they give, and the learner shares the cores
     endpoints = read_run_json(args.run_dir)["endpoints"]
     worker, closers = build_generator(cfg, args.name, args.device, endpoints, args.run_dir)
+    worker.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
     log.info("generator %s on %s serving %s", args.name, args.device, endpoints["replay"])
     try:
         while not (stop.is_set() or worker.stopping):

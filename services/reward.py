@@ -52,6 +52,7 @@ def main() -> None:
     if args.run_dir:
         adopt_credentials(args.run_dir, "reward")
     peer = HubPeer(endpoint, args.name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
+    peer.give_up = stop.is_set
     scorer = Scorer(cfg.reward)
     worker = RewardWorker(peer, scorer, cfg.reward, args.name)
     log.info("reward worker %s serving %s with %s", args.name, endpoint, [c.name for c in cfg.reward.components])

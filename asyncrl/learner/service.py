@@ -69,6 +69,7 @@ class LearnerService:
                                seed=cfg.launch.seed)
         self.rank = self.trainer.dist.rank
         self.hub = HubPeer(endpoints["replay"], name, timeout_s=15.0)
+        self.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
         self.sender = WeightSender(endpoints["weights"], device=device,
                                    bucket_bytes=cfg.learner.weight_bucket_mb << 20,
                                    pause_mode=cfg.generator.inflight_update,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,9 @@ import pytest
 from e2e_helpers import metrics
 from test_learning_loop import launch, summary
 from test_supervision import _alive, wait_for_step
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "learner"))
+from test_tcp_store import listening  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -83,6 +87,8 @@ def test_killed_launcher_still_leaves_a_final_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     proc = launch(run_dir, "learner.steps=200", "learner.checkpoint_every=100", wait=False)
     wait_for_step(run_dir, 3)
+    master_port = json.loads((run_dir / "run.json").read_text())["master_port"]
+    assert listening(master_port) == ["0100007F"]  # the learner's rendezvous store: loopback only
     learner = pids(run_dir)["learner-0"]
     proc.kill()
     proc.communicate(timeout=30)
