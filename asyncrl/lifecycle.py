@@ -15,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 
-from asyncrl.credentials import SECRET_FILE, Credentials
+from asyncrl.credentials import Credentials, RunSecret
 
 
 class StopFlag:
@@ -46,9 +46,10 @@ class StopFlag:
 
 def adopt_credentials(run_dir: str | Path, role: str) -> None:
     """A service started by hand (no key from the launcher in its environment) proves `role` with the run
-    directory's secret; HubPeer reads the credentials from the environment."""
-    if Credentials.from_env() is None and (Path(run_dir) / SECRET_FILE).exists():
-        os.environ.update(Credentials.from_run_dir(run_dir, role).to_env())
+    directory's secret (created if this process comes before the hub: the first creator wins, atomically);
+    HubPeer reads the credentials from the environment."""
+    if Credentials.from_env() is None:
+        os.environ.update(Credentials.for_role(RunSecret.ensure(run_dir), role).to_env())
 
 
 def setup_logging(name: str, level: int = logging.INFO) -> logging.Logger:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from asyncrl.config.run import RunConfig, load_run_config
+from asyncrl.credentials import RunSecret
 from asyncrl.rundir import save_config, write_json
 from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
 from launch.run_dir import free_port
@@ -21,6 +22,7 @@ def make_run(tmp: Path, overrides: list[str]) -> tuple[RunConfig, Path, dict[str
     run_dir = tmp / "run"
     run_dir.mkdir()
     save_config(run_dir, cfg)
+    RunSecret.ensure(run_dir)  # as the launcher does: before any service or client starts
     endpoints = {"replay": f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
                  "weights": f"tcp://127.0.0.1:{free_port('127.0.0.1')}"}
     write_json(run_dir / "run.json", {"endpoints": endpoints, "pids": {}})
