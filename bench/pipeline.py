@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +59,7 @@ def analyse(run_dir: Path) -> dict:
     steps = len(metrics)
     return {
         "steps": steps, "wall_s": round(wall, 3), "steps_per_s": steps / wall,
+        "steady_step_s": steady_step(spans), "span_s": span_medians(spans),
         "overlap_fraction": total(intersect(learn_c, gen_c)) / max(total(learn_c), 1e-9),
         "generator_idle_fraction": 1 - total(union(gen_c)) / wall,
         "learner_idle_fraction": 1 - total(learn_c) / wall,
@@ -66,6 +69,27 @@ def analyse(run_dir: Path) -> dict:
         "reward_last": metrics[-1].get("reward_mean") if metrics else None,
         "_spans": {"learner": learn_c, "generator": union(gen_c), "t0": t0},
     }
+
+
+def steady_step(spans: list[dict]) -> float | None:
+    """Median time between consecutive learner-0 train starts over the second half of the run (after
+    compilation and warm-up), i.e. the pipeline's step time once the learner is at speed."""
+    starts = sorted(s["start"] for s in spans if s["name"].startswith("learner-0") and s["kind"] == "train")
+    gaps = [b - a for a, b in zip(starts, starts[1:])][len(starts) // 2:]
+    return round(statistics.median(gaps), 4) if gaps else None
+
+
+def span_medians(spans: list[dict]) -> dict[str, dict[str, float]]:
+    """Per kind of timeline span (generate, train, push, checkpoint): median and max seconds over the second
+    half of the run, and how many there were."""
+    out = {}
+    for kind in ("generate", "train", "push", "checkpoint"):
+        d = sorted((s["start"], s["end"] - s["start"]) for s in spans if s["kind"] == kind
+                   and (s["name"].startswith("learner-0") or kind == "generate"))
+        late = [x for _, x in d[len(d) // 2:]] or [x for _, x in d]
+        if late:
+            out[kind] = {"median": round(statistics.median(late), 4), "max": round(max(x for _, x in d), 4), "count": len(d)}
+    return out
 
 
 def plot(results: dict[str, dict], path: str) -> None:
@@ -107,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     line = {
         "bench": "pipeline", "async_steps_per_s": a["steps_per_s"], "sync_steps_per_s": s["steps_per_s"],
         "async_over_sync": a["steps_per_s"] / s["steps_per_s"], "overlap_fraction": a["overlap_fraction"],
+        "steady_step_s": {"async": a["steady_step_s"], "sync": s["steady_step_s"]},
+        "steady_async_over_sync": (s["steady_step_s"] / a["steady_step_s"]) if a["steady_step_s"] and s["steady_step_s"] else None,
+        "span_s": {"async": a["span_s"], "sync": s["span_s"]},
         "sync_overlap_fraction": s["overlap_fraction"],
         "generator_idle_fraction": {"async": a["generator_idle_fraction"], "sync": s["generator_idle_fraction"]},
         "learner_idle_fraction": {"async": a["learner_idle_fraction"], "sync": s["learner_idle_fraction"]},
@@ -116,7 +143,9 @@ def main(argv: list[str] | None = None) -> None:
                                            "samples_per_prompt": cfg.batch.samples_per_prompt},
         "max_new_tokens": cfg.task.max_new_tokens, "steps": cfg.learner.steps,
         "device": cfg.generator.devices or "default", "host": platform.node(), "cpu": platform.processor() or platform.machine(),
-        "commit": commit(), "run_dirs": str(base),
+        "learner": {"micro_batch_tokens": cfg.learner.micro_batch_tokens, "compile": cfg.learner.compile,
+                    "checkpoint_every": cfg.learner.checkpoint_every},
+        "commit": os.environ.get("ASYNCRL_COMMIT") or commit(), "run_dirs": str(base),
     }
     print(json.dumps(line))
 

@@ -40,3 +40,17 @@ def test_shipped_configs_load(name):
 
     cfg = load_run_config(Path(__file__).resolve().parents[1] / "configs" / name, ["model.path=/models/x"])
     assert cfg.learner.devices and cfg.generator.devices and cfg.model.path == "/models/x"
+
+
+def test_checkpoint_interval_beyond_the_hubs_commit_window_is_refused_at_load():
+    """learner.checkpoint_every=100 used to crash at step 129 ("128 batches delivered and not committed")."""
+    import pytest
+
+    from asyncrl.config.loader import ConfigError
+    from asyncrl.config.run import load_run_config
+
+    with pytest.raises(ConfigError) as e:
+        load_run_config(None, ["learner.steps=100", "learner.checkpoint_every=100"])
+    assert "learner.checkpoint_every=100" in str(e.value) and "hub.max_uncommitted_steps >= 201" in str(e.value)
+    cfg = load_run_config(None, ["learner.checkpoint_every=100", "hub.max_uncommitted_steps=201"])
+    assert cfg.hub.max_uncommitted_steps == 201

@@ -33,6 +33,13 @@ class RunConfig:
                 f"generator.max_running={self.generator.max_running} < batch.samples_per_prompt="
                 f"{self.batch.samples_per_prompt}: a generator must fit at least one whole group"
             )
+        need = 2 * self.learner.checkpoint_every + 1  # commits trail a background write by up to 2 intervals
+        if self.hub.max_uncommitted_steps < need:
+            raise ValueError(
+                f"learner.checkpoint_every={self.learner.checkpoint_every} needs hub.max_uncommitted_steps >= {need} "
+                f"(now {self.hub.max_uncommitted_steps}): the learner commits a step once its checkpoint is written, "
+                "up to two checkpoint intervals later; raise hub.max_uncommitted_steps or checkpoint more often"
+            )
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -87,6 +87,17 @@ def shard(root: nn.Module, hf: nn.Module, dtype: torch.dtype, device: torch.devi
     fully_shard(root, **kwargs)
 
 
+def accumulating(model: nn.Module, last: bool) -> None:
+    """Before each micro-batch of a mini-batch. With one rank, keep the unsharded compute-dtype parameters and
+    skip the gradient "reduction" (a cast and copy) until the mini-batch's last micro-batch: FSDP2 then
+    accumulates the unsharded gradients in its reduce dtype (fp32), so the numbers are unchanged. With several
+    ranks every micro-batch reduce-scatters as before (holding unsharded gradients would cost memory)."""
+    if getattr(model, "set_requires_gradient_sync", None) is None or dist.get_world_size() > 1:
+        return
+    model.set_requires_gradient_sync(last)
+    model.set_reshard_after_backward(last)
+
+
 def autocast(info: DistInfo, dtype: torch.dtype) -> contextlib.AbstractContextManager:
     """bf16/fp16 compute without FSDP (FSDP's MixedPrecisionPolicy handles it when sharded)."""
     if info.sharded or dtype == torch.float32:

@@ -78,6 +78,7 @@ class LearnerService:
         self.timeline = Timeline(self.run_dir, name)
         self.tokens_trained = 0
         self.checkpointed_step = 0
+        self.checkpoint_versions: dict[int, int] = {}  # step -> policy version, until its write is committed
         self.t0 = time.time()
 
     # ------------------------------------------------------------------ loop
@@ -103,7 +104,8 @@ class LearnerService:
             metrics = self._train(batch)
             push = self._push()
             if step == steps or step % self.cfg.learner.checkpoint_every == 0:
-                self._checkpoint()
+                self._checkpoint(background=step < steps)
+            self._commit_written()
             self._report(step, batch, metrics, push)
 
     def _final_checkpoint(self) -> None:
@@ -111,7 +113,7 @@ class LearnerService:
             return
         self.hub.timeout_s = min(self.hub.timeout_s, 5.0)  # the hub may be stopping or gone
         self.hub.reconnect_s = 0.0
-        self._checkpoint()
+        self._checkpoint(background=False)
 
     def close(self) -> None:
         self.timeline.close()
@@ -168,19 +170,30 @@ class LearnerService:
         else:
             self.sender.serve_joins(self.trainer.named_full_tensors, self.trainer.version)
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, background: bool) -> None:
+        """Snapshot now (the timeline's "checkpoint" span is the learner's stall); the write finishes in the
+        background unless `background` is false, and the step is committed once it is on disk."""
         step = self.trainer.step
+        self.checkpoint_versions[step] = self.trainer.version
         with self.timeline.span("checkpoint"):
-            self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step})
+            self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step}, background=background)
         self.checkpointed_step = step
-        if self.rank == 0:
-            self._commit(step)
+        if not background:
+            self._commit_written(wait=True)
 
-    def _commit(self, step: int) -> None:
+    def _commit_written(self, wait: bool = False) -> None:
+        """Commit every checkpoint the background writer has finished (all of them, with `wait`)."""
+        done = self.trainer.checkpoints.wait() if wait else self.trainer.checkpoints.finished()
+        for step, _ in done:
+            version = self.checkpoint_versions.pop(step, self.trainer.version)
+            if self.rank == 0:
+                self._commit(step, version)
+
+    def _commit(self, step: int, version: int | None = None) -> None:
         """Tell the hub `step` is trained and checkpointed. Failing that, the checkpoint still stands: the
         resumed learner commits it again first thing."""
         try:
-            self.hub.request(R.CommitStep(step=step, policy_version=self.trainer.version))
+            self.hub.request(R.CommitStep(step=step, policy_version=self.trainer.version if version is None else version))
         except (HubError, TimeoutError) as e:
             log.warning("step %d checkpointed but not committed at the hub (%s); committed on resume", step, e)
 

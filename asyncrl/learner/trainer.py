@@ -177,7 +177,8 @@ class Trainer:
         self.policy.train()
         for mbs in prep.mini_batches:
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in mbs:
+            for i, mb in enumerate(mbs):
+                fsdp.accumulating(self.policy, last=i == len(mbs) - 1)
                 self._backward(mb, stats)
             grad_norms.append(clip_grad_norm(self.policy.parameters(), self.cfg.max_grad_norm))
             self.optimizer.step()
@@ -216,11 +217,14 @@ class Trainer:
         for name, p in self.policy.hf.named_parameters():
             yield name, fsdp.full_tensor(p.detach())
 
-    def save_checkpoint(self, run_dir: str | Path, extra: dict[str, Any] | None = None) -> Path:
-        """Atomic checkpoint of the whole learner state at `self.step` (collective: every rank calls it)."""
-        return ckpt.save_checkpoint(
-            run_dir, model=self.policy, optimizer=self.optimizer, scheduler=self.scheduler, step=self.step,
-            policy_version=self.version, extra=extra or {}, keep=self.cfg.keep_checkpoints)
+    def save_checkpoint(self, run_dir: str | Path, extra: dict[str, Any] | None = None,
+                        background: bool = False) -> Path:
+        """Atomic checkpoint of the whole learner state at `self.step` (collective: every rank calls it).
+        With `background`, returns after the snapshot; `self.checkpoints.finished()` reports the write."""
+        self.checkpoints.save(run_dir, model=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+                              step=self.step, policy_version=self.version, extra=extra or {},
+                              keep=self.cfg.keep_checkpoints, background=background)
+        return Path(run_dir) / "checkpoints" / f"step-{self.step:08d}"
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore a checkpoint (collective); returns its `extra` dict (e.g. the hub's commit point)."""

@@ -24,7 +24,7 @@ class HubConfig:
     """Write the state-change log to RUN_DIR (needed for restart / resume)."""
     score_timeout_s: float = 60.0
     """A sample handed to a reward worker and not scored by then is offered to another worker."""
-    max_uncommitted_steps: int = 64
+    max_uncommitted_steps: int = 128
     """Delivered batches kept for re-delivery until the learner commits them (memory bound); a learner
     that runs this many steps ahead of its last commit gets an error instead of a new batch."""
     max_samples_per_prompt: int = 1024

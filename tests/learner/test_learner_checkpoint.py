@@ -51,3 +51,44 @@ def test_torn_checkpoints_are_ignored(tiny_model, tmp_path):
     assert t.save_checkpoint(tmp_path) == root / "step-00000009"  # replaces the torn temp folder
     assert not (root / ".tmp-step-00000009").exists()
     assert latest_checkpoint(tmp_path / "nothing-here") is None
+
+
+def test_background_save_holds_the_snapshot_while_training_goes_on(tiny_model, tmp_path):
+    """The learner trains on while the checkpoint is written: the checkpoint holds the state of the moment
+    it was taken, and resuming from it repeats the next step exactly."""
+    a = Trainer(LearnerConfig(**CFG), str(tiny_model), device="cpu")
+    a.train_step(make_batch(seed=0, step=1))
+    a.save_checkpoint(tmp_path, extra={"k": 1}, background=True)
+    snap = params_snapshot(a)
+    m_a = a.train_step(make_batch(seed=1, step=2))  # mutates the live tensors during / before the write
+    assert [s for s, _ in a.checkpoints.wait()] == [1]
+    b = Trainer(LearnerConfig(**CFG), str(tiny_model), device="cpu")
+    assert b.load_checkpoint(latest_checkpoint(tmp_path)) == {"k": 1}
+    pb = params_snapshot(b)
+    assert all(torch.equal(snap[k], pb[k]) for k in snap)
+    m_b = b.train_step(make_batch(seed=1, step=2))
+    assert {k: v for k, v in m_a.items() if k != "step_time_s"} == {k: v for k, v in m_b.items() if k != "step_time_s"}
+
+
+def test_failed_background_write_keeps_the_previous_checkpoint(tiny_model, tmp_path, monkeypatch):
+    from asyncrl.learner import checkpoint as ckpt
+
+    t = Trainer(LearnerConfig(**CFG), str(tiny_model), device="cpu")
+    t.step = 2
+    t.save_checkpoint(tmp_path)
+    real_write = ckpt._write
+
+    def failing_write(path, obj):
+        if path.name == "optimizer.pt":
+            raise OSError("disk full")
+        real_write(path, obj)
+
+    monkeypatch.setattr(ckpt, "_write", failing_write)
+    t.step = 4
+    t.save_checkpoint(tmp_path, background=True)
+    try:
+        t.checkpoints.wait()
+        raise AssertionError("the failed write was not reported")
+    except RuntimeError as e:
+        assert "disk full" in str(e)
+    assert latest_checkpoint(tmp_path).name == "step-00000002"  # the half-written step 4 is not taken
