@@ -8,33 +8,57 @@ methods, which are deterministic in their arguments, so a restart rebuilds the s
 that raised is not logged (it changed nothing).
 
 Scores are logged by sample id only (the sample itself was logged when it arrived).
+
+Compaction: the log is a chain of segments (`asyncrl.replay.segments`). At a `sync()` after which the
+current segment holds more than ``max(compact_bytes, COMPACT_RATIO x last snapshot)`` bytes, the journal
+starts segment k+1 and writes snapshot k+1 of the whole state, then deletes what the two newest valid
+snapshots cover. Disk therefore stays within about 2 snapshots + 2 segments (bounded by the live state,
+not by the run's length) and a resume loads one snapshot and replays at most about two segments. Writing
+a snapshot costs ~1/COMPACT_RATIO of the bytes logged meanwhile. A snapshot that fails to write leaves
+a journal that still resumes exactly (the new segment simply follows the old one); it is retried at the
+next threshold. All of this runs on the hub's loop thread, between mutations (no locking).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.replay.leases import LeaseEntry
-from asyncrl.replay.log import LogWriter, iter_records
+from asyncrl.replay.log import LogCorrupt, LogWriter, iter_records, iter_sealed
+from asyncrl.replay.segments import Segments
+from asyncrl.replay.snapshot import SnapshotInvalid, read_snapshot, write_snapshot
 from asyncrl.replay.state import HubState, Outcome
+
+log = logging.getLogger("asyncrl.replay")
+COMPACT_BYTES = 64 << 20  # a segment is not rotated before it holds this much (resume replays about this)
+COMPACT_RATIO = 2  # ... nor before it is this many times the last snapshot (snapshot writes <= 1/2 of logging)
 
 
 class Journal:
-    def __init__(self, state: HubState, writer: LogWriter | None) -> None:
+    def __init__(self, state: HubState, writer: LogWriter | None, files: Segments | None = None,
+                 segment: int = 0, compact_bytes: int = COMPACT_BYTES, snapshot_bytes: int = 0) -> None:
         self.state = state
         self.writer = writer
+        self.files = files
+        self.segment = segment  # number of the segment `writer` appends to
+        self.compact_bytes = compact_bytes
+        self.snapshot_bytes = snapshot_bytes  # size of the newest snapshot (0: none yet)
+        self.snapshots_written = 0
 
     @classmethod
-    def open(cls, path: str | Path | None, fsync: str = "batch") -> Journal:
-        """Rebuild the state from the log at `path` (if any) and keep appending to it. None: no log."""
-        state = HubState()
-        if path is not None:
-            for payload in iter_records(path):
-                apply(state, wire.decode_record(payload))
-        return cls(state, LogWriter(path, fsync) if path is not None else None)
+    def open(cls, path: str | Path | None, fsync: str = "batch", compact_bytes: int = COMPACT_BYTES) -> Journal:
+        """Rebuild the state from the journal at `path` (newest valid snapshot, then the segments after it)
+        and keep appending to its last segment. None: no log. Raises LogCorrupt when history is damaged."""
+        if path is None:
+            return cls(HubState(), None)
+        files = Segments(Path(path))
+        state, base, snapshot_bytes = _newest_snapshot(files)
+        last = _replay_segments(files, state, base)
+        return cls(state, LogWriter(files.segment(last), fsync), files, last, compact_bytes, snapshot_bytes)
 
     def _log(self, *record: Any) -> None:
         if self.writer is not None:
@@ -45,8 +69,26 @@ class Journal:
             self.writer.append(*wire.log_record_parts(kind, frame))
 
     def sync(self) -> None:
-        if self.writer is not None:
-            self.writer.sync()
+        """Make what was logged durable (per the fsync mode); compact once the segment has grown enough."""
+        if self.writer is None:
+            return
+        self.writer.sync()
+        if self.writer.bytes >= max(self.compact_bytes, COMPACT_RATIO * self.snapshot_bytes):
+            self.compact()
+
+    def compact(self) -> None:
+        """Start segment k+1, write snapshot k+1 of the current state, delete what it makes redundant."""
+        assert self.writer is not None and self.files is not None
+        self.writer.close()
+        self.segment += 1
+        self.writer = LogWriter(self.files.segment(self.segment), self.writer.fsync)
+        try:
+            self.snapshot_bytes = write_snapshot(self.files.snapshot(self.segment), self.state, self.segment)
+        except OSError as e:  # e.g. disk full: the new segment follows the old one, resume stays exact
+            log.error("journal snapshot %d not written (%s); history kept, retried later", self.segment, e)
+            return
+        self.snapshots_written += 1
+        self.files.prune()
 
     def close(self) -> None:
         if self.writer is not None:
@@ -114,6 +156,45 @@ class Journal:
     def set_version(self, version: int) -> None:
         self.state.set_version(version)
         self._log("version", version)
+
+
+def _newest_snapshot(files: Segments) -> tuple[HubState, int, int]:
+    """(state, first segment to replay, snapshot size) from the newest snapshot that loads; else empty."""
+    bad: list[str] = []
+    for k in reversed(files.snapshots()):
+        path = files.snapshot(k)
+        try:
+            state, segment = read_snapshot(path)
+        except SnapshotInvalid as e:  # set aside (kept, never deleted) so that pruning never counts on it
+            aside = path.with_name(path.name + ".bad")
+            path.rename(aside)
+            log.warning("journal snapshot unusable, moved to %s; an older one is tried: %s", aside.name, e)
+            bad.append(aside.name)
+            continue
+        return state, segment, path.stat().st_size
+    segments = files.segments()
+    if segments and segments[0] != 0:
+        raise LogCorrupt(
+            f"{files.dir}: journal segments start at {files.segment(segments[0]).name} and no snapshot covers the "
+            f"history before it ({', '.join(bad) or 'no snapshot files'}); nothing was changed. Restore the "
+            f"{files.base.name}* files from a backup, or move them aside to start the run afresh")
+    return HubState(), 0, 0
+
+
+def _replay_segments(files: Segments, state: HubState, base: int) -> int:
+    """Apply segments base.. in order; all but the last must be whole. Returns the last segment's number."""
+    present = [k for k in files.segments() if k >= base]
+    last = max(present, default=base)
+    missing = [k for k in range(base, last) if k not in present]
+    if missing:
+        raise LogCorrupt(f"{files.segment(missing[0])}: journal segment {missing[0]} is missing between the snapshot "
+                         f"and segment {last}; nothing was changed. Restore it from a backup, or move the "
+                         f"{files.base.name}* files aside to start the run afresh")
+    for k in present:
+        path = files.segment(k)
+        for payload in iter_records(path) if k == last else iter_sealed(path):
+            apply(state, wire.decode_record(payload))
+    return last
 
 
 def _pack_score(r: R.ScoreResult) -> list[Any]:

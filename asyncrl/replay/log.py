@@ -7,6 +7,9 @@ Only that is dropped: `LogWriter` moves its bytes to ``<log>.torn-<offset>`` (ke
 truncates there before it appends. A bad record with whole records after it is corruption, not a torn
 tail: reading raises `LogCorrupt` (one line: file, offset, what to do) and nothing is truncated.
 
+A file that was closed cleanly (an older journal segment, a snapshot) cannot have a torn tail:
+`iter_sealed` raises `LogCorrupt` for any bytes that are not whole, checksummed records.
+
 Durability (`fsync`): "always" fsyncs after every record; "batch" buffers records and fsyncs on
 `sync()` (the hub calls it once per event-loop turn, before it sends the replies of that turn);
 "never" flushes on `sync()` and leaves the rest to the OS.
@@ -34,6 +37,20 @@ def iter_records(path: str | Path) -> Iterator[bytes]:
     """Payloads of the valid prefix of the log, in order; stops silently at a torn tail."""
     for payload, _ in _scan(path):
         yield payload
+
+
+def iter_sealed(path: str | Path) -> Iterator[bytes]:
+    """Payloads of a log that was closed cleanly; anything but whole, valid records raises LogCorrupt
+    (after the valid prefix was yielded). Nothing is truncated."""
+    end = 0
+    for payload, end in _scan(path):
+        yield payload
+    size = os.path.getsize(path)
+    if end != size:
+        raise LogCorrupt(
+            f"{path}: the {size - end} bytes from byte {end} are not a whole checksummed record, yet this file "
+            "was closed cleanly (it is damaged, not torn); it is left untouched. Restore it from a backup, or "
+            "move the journal files aside to start the run afresh")
 
 
 def valid_length(path: str | Path) -> int:

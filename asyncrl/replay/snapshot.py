@@ -1,0 +1,187 @@
+"""Snapshots of the replay hub's state: a whole `HubState` as one checksummed msgpack record on disk.
+
+A snapshot holds the live state only (queue, leases, groups with their samples and scores, delivered
+batches, counters, version), never the history that led to it, so its size follows what is in flight,
+not how long the run has gone on. `Journal` writes one when it starts a new log segment and loads the
+newest valid one on resume (see `asyncrl.replay.journal`).
+
+File: one record in the log format of `asyncrl.replay.log` (``[length][crc32][payload]``), the payload
+being `wire.encode_record` of a plain map. Prompts are kept as their wire frames (`wire.encode`), samples
+as their Sample msgpack bytes (what `PackedSample.raw` holds), so nothing in a snapshot is pickled and
+a restore rebuilds the same records the hub had. Delivered batches are not stored as such: a batch is
+rebuilt from its groups (their delivered samples, in index order), as `HubState.form_batch` made it.
+
+Writing is atomic: a temp name, fsync, rename, fsync of the directory. A file whose checksum, framing
+or content does not check out raises `SnapshotInvalid` on reading (the journal then falls back to the
+previous snapshot).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from asyncrl import records as R
+from asyncrl import wire
+from asyncrl.replay.groups import GroupEntry, Phase
+from asyncrl.replay.leases import LeaseEntry
+from asyncrl.replay.log import LogCorrupt, LogWriter, iter_sealed
+from asyncrl.replay.state import HubState
+
+FORMAT = 1
+S = R.SampleState
+
+
+class SnapshotInvalid(ValueError):
+    """A snapshot file that cannot be loaded (bad checksum, truncated, wrong format)."""
+
+
+# ------------------------------------------------------------------------------------- files
+
+
+def write_snapshot(path: Path, state: HubState, segment: int) -> int:
+    """Atomically write `state` (which covers every segment before `segment`) to `path`; returns its size."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    w = LogWriter(tmp, fsync="always")
+    try:
+        w.append(encode_state(state, segment))
+    finally:
+        w.close()
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return path.stat().st_size
+
+
+def read_snapshot(path: Path) -> tuple[HubState, int]:
+    """(state, first segment to replay after it); SnapshotInvalid if the file does not check out."""
+    try:
+        records = list(iter_sealed(path))
+    except (LogCorrupt, OSError) as e:
+        raise SnapshotInvalid(str(e)) from None
+    if len(records) != 1:
+        raise SnapshotInvalid(f"{path}: holds {len(records)} records, a snapshot holds exactly one")
+    try:
+        return decode_state(records[0])
+    except Exception as e:  # any malformed content: this snapshot is unusable, an older one may do
+        raise SnapshotInvalid(f"{path}: {type(e).__name__}: {e}") from None
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------- encode
+
+
+def encode_state(st: HubState, segment: int) -> bytes:
+    counts = st.counts
+    book = st.book
+    return wire.encode_record({
+        "format": FORMAT,
+        "segment": segment,
+        "counts": [counts.submitted, {s.value: n for s, n in counts.by_state.items()}, dict(counts.transitions)],
+        "groups": [_pack_group(g) for g in st.groups.values()],
+        "queue": list(st.queue),
+        "ready": list(st.ready),
+        "leases": [st.leases.issued, [[e.lease_id, e.generator, e.expires_at, list(e.prompt_ids)]
+                                      for e in st.leases.leases.values()]],
+        "book": [book.last_formed, book.committed,
+                 [[step, b.policy_version, b.dropped_stale, book.prompt_ids[step]] for step, b in book.delivered.items()]],
+        "version": st.version, "admitted": st.admitted, "events": dict(st.events),
+        "pending_dropped": st.pending_dropped, "prompts_seq": st.prompts_seq,
+    })
+
+
+def _pack_group(g: GroupEntry) -> list[Any]:
+    return [wire.encode(g.prompt), g.phase.value, g.lease_id, [s.value for s in g.states], g.min_versions,
+            g.checked_min, [_pack_sample(s) for s in g.samples], [_pack_scored(sc) for sc in g.scored]]
+
+
+def _pack_sample(s: wire.PackedSample | R.Sample | None) -> list[Any] | None:
+    if s is None:
+        return None
+    if type(s) is not wire.PackedSample:  # a Sample record (tests feed HubState these): its wire form
+        msg = R.SampleBatch(lease_id="", samples=[s])
+        s = wire.decode_packed(wire.encode(msg)).samples[0]
+    return [bytes(s.raw), s.min_version, s.finite]
+
+
+def _pack_scored(sc: R.ScoredSample | None) -> list[Any] | None:
+    return None if sc is None else [sc.reward, sc.components, sc.status.value, sc.reason]
+
+
+# ------------------------------------------------------------------------------------- decode
+
+
+def decode_state(data: bytes) -> tuple[HubState, int]:
+    d = wire.decode_record(data)
+    if type(d) is not dict or d.get("format") != FORMAT:
+        raise SnapshotInvalid(f"snapshot format {d.get('format') if type(d) is dict else None!r} != {FORMAT}")
+    st = HubState()
+    submitted, by_state, transitions = d["counts"]
+    st.counts.submitted = submitted
+    st.counts.by_state = {s: by_state[s.value] for s in S}
+    st.counts.transitions = Counter(transitions)
+    for packed in d["groups"]:
+        g = _unpack_group(packed)
+        st.groups[g.prompt.prompt_id] = g
+    st.queue.extend(d["queue"])
+    st.ready = dict.fromkeys(d["ready"])
+    _restore_leases(st, *d["leases"])
+    _restore_book(st, *d["book"])
+    st.version, st.admitted, st.events = d["version"], d["admitted"], Counter(d["events"])
+    st.pending_dropped, st.prompts_seq = d["pending_dropped"], d["prompts_seq"]
+    st._check()
+    return st, d["segment"]
+
+
+def _unpack_group(v: list[Any]) -> GroupEntry:
+    prompt_frame, phase, lease_id, states, min_versions, checked_min, samples, scored = v
+    prompt = wire.decode(prompt_frame)
+    if type(prompt) is not R.Prompt:
+        raise SnapshotInvalid(f"a group's prompt is a {type(prompt).__name__}")
+    g = GroupEntry(prompt=prompt, phase=Phase(phase), lease_id=lease_id, states=[S(s) for s in states],
+                   min_versions=list(min_versions), checked_min=checked_min)
+    g.samples = [None if s is None else wire.PackedSample(prompt.prompt_id, i, s[1], s[0], s[2])
+                 for i, s in enumerate(samples)]
+    g.scored = [None if sc is None else _unpack_scored(g.samples[i], sc) for i, sc in enumerate(scored)]
+    if not len(g.states) == len(g.samples) == len(g.scored) == len(g.min_versions) == prompt.n:
+        raise SnapshotInvalid(f"group {prompt.prompt_id!r} does not hold n={prompt.n} samples")
+    return g
+
+
+def _unpack_scored(sample: wire.PackedSample | None, v: list[Any]) -> R.ScoredSample:
+    if sample is None:
+        raise SnapshotInvalid("a score without its sample")
+    reward, components, status, reason = v
+    return R.ScoredSample(sample=sample, reward=reward, components=components, status=R.ScoreStatus(status),  # type: ignore[arg-type]
+                          reason=reason)
+
+
+def _restore_leases(st: HubState, issued: int, entries: list[list[Any]]) -> None:
+    st.leases.issued = issued
+    for lease_id, generator, expires_at, prompt_ids in entries:
+        st.leases.leases[lease_id] = LeaseEntry(lease_id, generator, expires_at, dict.fromkeys(prompt_ids))
+
+
+def _restore_book(st: HubState, last_formed: int, committed: int, delivered: list[list[Any]]) -> None:
+    """Rebuild each delivered batch from its groups' delivered samples (as `form_batch` made it)."""
+    book = st.book
+    book.last_formed, book.committed = last_formed, committed
+    for step, policy_version, dropped_stale, pids in delivered:
+        groups = [R.Group(prompt=st.groups[pid].prompt, samples=_delivered(st.groups[pid])) for pid in pids]
+        book.delivered[step] = R.Batch(step=step, policy_version=policy_version, groups=groups,
+                                       dropped_stale=dropped_stale)
+        book.prompt_ids[step] = list(pids)
+
+
+def _delivered(g: GroupEntry) -> list[R.ScoredSample]:
+    return [sc for sc, st in zip(g.scored, g.states) if st is S.DELIVERED and sc is not None]
