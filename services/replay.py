@@ -5,6 +5,7 @@
 Prints {"endpoint": ...} as one JSON line once bound and writes the same endpoint to RUN_DIR/replay.endpoint
 (atomically: temp file + rename), where the launcher and `asyncrl.Client(run_dir=...)` read it.
 Every peer must authenticate with the run's secret (RUN_DIR/secret, created here if the launcher did not).
+A damaged journal (LogCorrupt) ends it with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from pathlib import Path
 from asyncrl.config.run import load_run_config
 from asyncrl.credentials import RunSecret
 from asyncrl.replay.hub import Hub, install_uvloop
+from asyncrl.replay.log import LogCorrupt
 from asyncrl.rundir import load_config
 
 ENDPOINT_FILE = "replay.endpoint"
+EXIT_LOG_CORRUPT = 2  # the journal is damaged: restarting cannot help, a person must act
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(run_dir) if launched else load_run_config(args.config, args.set)
     run_dir.mkdir(parents=True, exist_ok=True)
     install_uvloop()
-    hub = Hub(cfg.hub, cfg.batch, run_dir, args.endpoint, secret=RunSecret.ensure(run_dir))
+    try:
+        hub = Hub(cfg.hub, cfg.batch, run_dir, args.endpoint, secret=RunSecret.ensure(run_dir))
+    except LogCorrupt as e:  # damaged history: one line naming file, offset and what to do; no traceback
+        print(f"replay: cannot resume: {e}", file=sys.stderr, flush=True)
+        return EXIT_LOG_CORRUPT
     try:
         write_endpoint(run_dir, hub.endpoint)
         print(json.dumps({"endpoint": hub.endpoint}), flush=True)
