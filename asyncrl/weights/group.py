@@ -69,8 +69,11 @@ def _td(seconds: float) -> datetime.timedelta:
 
 
 def host_store(address: str, world_size: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
-    """Learner side: start the rendezvous store (returns at once; `.port` is the port it got)."""
-    return dist.TCPStore(address, port, world_size, is_master=True, timeout=_td(timeout_s), wait_for_workers=False)
+    """Learner side: start the rendezvous store listening on `address` only (a plain TCPStore listens on
+    every interface); returns at once, `.port` is the port it got."""
+    from asyncrl.tcp_store import bound_store
+
+    return bound_store(address, port, world_size, timeout_s)
 
 
 def connect_store(address: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:

@@ -27,3 +27,10 @@ def test_bound_store_listens_on_loopback_only_and_serves_clients():
     assert listening(store.port) == ["0100007F"]  # 127.0.0.1, not 0.0.0.0 or ::
     store.set("k", "v")
     assert client_store("127.0.0.1", store.port, 2, timeout_s=10).get("k") == b"v"
+
+
+def test_weight_rendezvous_store_listens_on_loopback_only():
+    from asyncrl.weights.group import host_store
+
+    store = host_store("127.0.0.1", 2, timeout_s=10)
+    assert listening(store.port) == ["0100007F"]
