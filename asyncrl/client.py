@@ -9,6 +9,10 @@
 
 The hub pushes a `Completion` for every scored (or failed) sample of prompts submitted here; the client
 routes them to their `Handle`. `AsyncClient` offers the same calls as coroutines (one worker thread).
+
+Bad input from the socket never raises into the user's program: frames that do not decode (bounded by
+`asyncrl.wire`), have the wrong type, or are Completions for no prompt of this client or for a sample
+already received are skipped and counted in `client.rejected` (by reason) with a logged reason.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 
 from asyncrl import records as R
 from asyncrl.credentials import SECRET_FILE, Credentials
-from asyncrl.peer import HubPeer
+from asyncrl.peer import HubError, HubPeer
 
 PromptLike = str | list[int] | dict[str, Any] | R.Prompt
 
@@ -106,8 +110,12 @@ class Client:
         recs = [to_prompt(p, n=n, sampling=sampling, reward=reward, prefix=self.name) for p in items]
         with self._lock:
             ack = self.peer.request(R.SubmitPrompts(prompts=recs, watch=True))
+            ids = ack.info.get("prompt_ids")
+            if not isinstance(ids, list) or len(ids) != len(recs) or not all(isinstance(i, str) for i in ids):
+                self.peer.reject("bad_ack", f"SubmitPrompts answered without {len(recs)} prompt ids: {ack.info!r:.200}")
+                raise HubError(f"the hub acknowledged {len(recs)} prompts without their ids", "SubmitPrompts")
             out = []
-            for rec, pid in zip(recs, ack.info["prompt_ids"]):
+            for rec, pid in zip(recs, ids):
                 out.append(self.handles.setdefault(pid, Handle(self, pid, rec.n)))
         return out
 
@@ -123,6 +131,11 @@ class Client:
             if all(h.done() for h in self.handles.values()):
                 return
             self._pump_until(deadline)
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Bad frames received and skipped, by reason (see the module doc)."""
+        return dict(self.peer.rejected)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -150,9 +163,17 @@ class Client:
         with self._lock:
             msg = self.peer.receive(timeout_s=min(left, 1.0))
         if isinstance(msg, R.Completion):
-            h = self.handles.get(msg.scored.sample.prompt_id)
-            if h is not None:
-                h.scored.append(msg.scored)
+            self._route(msg.scored)
+
+    def _route(self, scored: R.ScoredSample) -> None:
+        h = self.handles.get(scored.sample.prompt_id)
+        idx = scored.sample.sample_index
+        if h is None:
+            self.peer.reject("unknown_prompt", f"a completion for {scored.sample.prompt_id!r:.80}, not submitted here")
+        elif not 0 <= idx < h.n or any(s.sample.sample_index == idx for s in h.scored):
+            self.peer.reject("bad_sample", f"{h.prompt_id}: sample {idx} out of range 0..{h.n - 1} or already received")
+        else:
+            h.scored.append(scored)
 
 
 class AsyncClient:

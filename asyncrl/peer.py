@@ -17,13 +17,19 @@ flag) ends the retries early.
 
 Messages the hub pushes unasked (`Completion`s for clients that
 submitted with watch=True) are kept in order and read with `receive()`. Not thread-safe: one per thread.
+
+Whatever arrives on the socket is bounded before it is decoded (ZeroMQ drops a connection whose message
+exceeds 2 x max_frame_bytes; `wire.decode` checks size, depth and counts) and any bad frame (several
+parts, oversized, not msgpack, too deep, not a valid record, a reply of the wrong type for the request,
+a message nobody asked for) is skipped and counted in `rejected` by reason: it never raises to the caller.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +39,12 @@ from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.credentials import Credentials
 
+log = logging.getLogger("asyncrl.peer")
 PUSHED = (R.Completion,)  # messages the hub sends without a request
+REPLIES: dict[type, tuple[type, ...]] = {  # what answers each request (any other: Ack); ErrorReply always may
+    R.LeaseRequest: (R.Lease,), R.ScoreRequest: (R.ToScore,), R.BatchRequest: (R.Batch, R.Ack),
+    R.StatsRequest: (R.Stats,)}
+_LOG_FIRST = 10  # rejected frames logged by reason: the first few, then every 1000th
 ENV_RECONNECT = "ASYNCRL_HUB_RECONNECT_S"
 
 
@@ -62,11 +73,13 @@ class HubPeer:
         self.give_up: Callable[[], bool] = lambda: False  # e.g. a service's stop flag: no more retries
         self.ctx = zmq.Context.instance()
         self.pushed: deque[Any] = deque()
+        self.rejected: Counter[str] = Counter()  # bad inbound frames by reason (never raised)
         self.sock = self._connect()
 
     def _connect(self) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame_bytes)  # beyond: ZeroMQ drops the connection
         if self.credentials is not None:
             self.credentials.apply(sock, self.name, self.endpoint)
         sock.connect(self.endpoint)
@@ -100,22 +113,43 @@ class HubPeer:
                 continue
             if isinstance(reply, R.ErrorReply):
                 raise HubError(reply.reason, reply.request_type)
+            if not isinstance(reply, REPLIES.get(type(msg), (R.Ack,))):
+                self.reject("wrong_type", f"{type(reply).__name__} does not answer {type(msg).__name__}")
+                continue
             return reply
 
     def receive(self, timeout_s: float = 0.0) -> Any | None:
         """Next message the hub pushed unasked (a Completion), or None after `timeout_s`."""
         if self.pushed:
             return self.pushed.popleft()
-        reply = self._recv_until(time.monotonic() + timeout_s)
-        if reply is not None and not isinstance(reply, PUSHED):
-            raise RuntimeError(f"unexpected {type(reply).__name__} with no request outstanding")
-        return reply
+        deadline = time.monotonic() + timeout_s
+        while (msg := self._recv_until(deadline)) is not None:
+            if isinstance(msg, PUSHED):
+                return msg
+            self.reject("wrong_type", f"{type(msg).__name__} with no request outstanding")
+        return None
 
     def _recv_until(self, deadline: float) -> Any | None:
-        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-        if not self.sock.poll(left_ms, zmq.POLLIN):
-            return None
-        return wire.decode(self.sock.recv(copy=False).buffer, self.max_frame_bytes)
+        """The next well-formed record before `deadline` (bad frames are counted and skipped), else None."""
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.sock.poll(left_ms, zmq.POLLIN):
+                return None
+            parts = self.sock.recv_multipart(copy=False)
+            if len(parts) != 1:
+                self.reject("frame_count", f"a message of {len(parts)} frames (the hub sends one)")
+                continue
+            try:
+                return wire.decode(parts[0].buffer, self.max_frame_bytes)
+            except Exception as e:  # WireError, or a decoder bug: the frame fails, never the caller
+                self.reject(_kind(e), str(e))
+
+    def reject(self, reason: str, detail: str) -> None:
+        """Count one bad inbound frame under `reason` (a short fixed word) and log the first few."""
+        self.rejected[reason] += 1
+        n = self.rejected[reason]
+        if n <= _LOG_FIRST or n % 1000 == 0:
+            log.warning("%s: rejected a frame from %s (%s, #%d): %s", self.name, self.endpoint, reason, n, detail[:300])
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -125,3 +159,15 @@ class HubPeer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _kind(e: Exception) -> str:
+    """Short counter name of a decoding failure."""
+    text = str(e)[:200]
+    if not isinstance(e, wire.WireError):
+        return "decoder_error"
+    for words, kind in (("exceeds max_frame_bytes", "too_large"), ("not msgpack", "not_msgpack"),
+                        ("nests deeper", "too_deep"), ("holds more than", "too_many_values")):
+        if words in text:
+            return kind
+    return "invalid"
