@@ -40,6 +40,7 @@ import numpy as np
 
 from asyncrl import records as R
 from asyncrl.peer import HubPeer
+from asyncrl.replay.segments import Segments
 
 
 def pin(cores: list[int]) -> None:
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace, src: str) -> dict:
             cpu_at_start = _cpu_seconds(hub.pid)  # imports and binding are not per-sample cost
             peers = {role: start_peer(role, endpoint, args, src) for role in ROLES}
             results = {role: json.loads(p.communicate(timeout=600)[0]) for role, p in peers.items()}
-            log_bytes = (Path(run_dir) / "replay.log").stat().st_size if args.log else 0
+            log_bytes = Segments(Path(run_dir) / "replay.log").bytes_on_disk() if args.log else 0  # + snapshots
             hub_cpu_s = _cpu_seconds(hub.pid) - cpu_at_start
         finally:
             hub.terminate()

@@ -34,7 +34,7 @@ from asyncrl.replay.snapshot import SnapshotInvalid, read_snapshot, write_snapsh
 from asyncrl.replay.state import HubState, Outcome
 
 log = logging.getLogger("asyncrl.replay")
-COMPACT_BYTES = 64 << 20  # a segment is not rotated before it holds this much (resume replays about this)
+COMPACT_BYTES = 16 << 20  # a segment is not rotated before it holds this much (resume replays about this)
 COMPACT_RATIO = 2  # ... nor before it is this many times the last snapshot (snapshot writes <= 1/2 of logging)
 
 
