@@ -17,6 +17,7 @@ from asyncrl.config.run import RunConfig, load_run_config
 from launch.progress import Progress
 from asyncrl.rundir import load_config, save_config
 from launch.run_dir import make_run_dir
+from launch.placement import run_placement
 from launch.supervisor import RunFailed, Supervisor
 
 
@@ -43,13 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = resumed_config(args.resume, args.set) if args.resume else load_run_config(args.config or EMBEDDED, args.set)
-    except ConfigError as e:
+        placement = run_placement(cfg)
+    except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     run_dir = make_run_dir(cfg, args.run_dir, args.resume)
     save_config(run_dir, cfg)
     print(f"run directory: {run_dir}", file=sys.stderr)
-    sup = Supervisor(cfg, run_dir, resume=bool(args.resume))
+    print(f"placement: {placement.describe()}", file=sys.stderr)
+    sup = Supervisor(cfg, run_dir, resume=bool(args.resume), placement=placement)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the run like Ctrl-C
     code = 0
     try:

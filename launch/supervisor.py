@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from asyncrl import records as R
 from asyncrl.config.run import RunConfig
@@ -33,6 +32,7 @@ from asyncrl.credentials import Credentials, RunSecret
 from asyncrl.feeder import Feeder
 from asyncrl.peer import ENV_RECONNECT, HubPeer
 from asyncrl.rundir import write_json
+from launch.placement import Placement, nccl_env, run_placement
 from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
 from launch.progress import Progress, last_metrics
 from launch.restarts import RestartBudget
@@ -44,19 +44,17 @@ log = logging.getLogger("launch")
 HUB_READY_S = 60.0  # a (re)started hub answers within this (it replays its log first)
 
 
+EXIT_CANNOT_START = 2  # a service that exits 2 cannot start as configured (e.g. a damaged journal): no restart
+
+
 class RunFailed(RuntimeError):
     pass
 
 
-def default_device(i: int) -> str:
-    if torch.cuda.is_available():
-        return f"cuda:{i % torch.cuda.device_count()}"
-    return "cpu"
-
-
 class Supervisor:
-    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool, placement: Placement | None = None) -> None:
         self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+        self.placement = placement or run_placement(cfg)
         host = cfg.launch.host
         self.endpoints = {"replay": f"tcp://{host}:{free_port(host)}", "weights": f"tcp://{host}:{free_port(host)}"}
         self.master_port = free_port(host)
@@ -84,14 +82,14 @@ class Supervisor:
         out = [ProcessSpec(name="replay", module="services.replay", restartable=True,
                            args=["--run-dir", str(self.run_dir), "--endpoint", self.endpoints["replay"]])]
         world = cfg.learner.ranks
-        for rank in range(world):
-            device = cfg.learner.devices[rank] if cfg.learner.devices else default_device(rank)
-            env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+        gpu = nccl_env() if any(d.startswith("cuda") for d in self.placement.learner + self.placement.generators) else {}
+        for rank, device in enumerate(self.placement.learner):
+            env = {**gpu, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                    "MASTER_ADDR": cfg.launch.host, "MASTER_PORT": str(self.master_port)}
             out.append(self._service(f"learner-{rank}", "services.learner", "learner", device, env=env))
-        for i in range(cfg.generator.count):
-            device = cfg.generator.devices[i] if cfg.generator.devices else default_device(i)
-            out.append(self._service(f"generator-{i}", "services.generator", "generator", device, restartable=True))
+        for i, device in enumerate(self.placement.generators):
+            out.append(self._service(f"generator-{i}", "services.generator", "generator", device, restartable=True,
+                                     env=dict(gpu)))
         for i in range(cfg.reward.workers):
             out.append(self._service(f"reward-{i}", "services.reward", "reward", restartable=True))
         return out
@@ -169,7 +167,7 @@ class Supervisor:
             code = child.proc.poll()
             if code is None or (code == 0 and name.startswith("learner")):
                 continue
-            if not child.spec.restartable:
+            if not child.spec.restartable or code == EXIT_CANNOT_START:
                 raise RunFailed(f"{name} exited with code {code}; last lines of {child.log_path}:\n{log_tail(child)}")
             self._restart(name, child, code)
 

@@ -85,7 +85,8 @@ def test_reward_that_always_raises_ends_the_run_with_the_reason(tmp_path, monkey
 
 def test_killed_launcher_still_leaves_a_final_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, "learner.steps=200", "learner.checkpoint_every=100", wait=False)
+    proc = launch(run_dir, "learner.steps=200", "learner.checkpoint_every=100", "hub.max_uncommitted_steps=201",
+                  wait=False)
     wait_for_step(run_dir, 3)
     master_port = json.loads((run_dir / "run.json").read_text())["master_port"]
     assert listening(master_port) == ["0100007F"]  # the learner's rendezvous store: loopback only

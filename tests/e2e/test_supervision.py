@@ -45,7 +45,8 @@ def test_crashed_generator_is_restarted_and_gets_weights(tmp_path):
 
 def test_ctrl_c_checkpoints_and_stops(tmp_path):
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, "learner.steps=200", "learner.checkpoint_every=100", wait=False)
+    proc = launch(run_dir, "learner.steps=200", "learner.checkpoint_every=100", "hub.max_uncommitted_steps=201",
+                  wait=False)
     wait_for_step(run_dir, 2)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
