@@ -79,6 +79,7 @@ class LearnerService:
         self.tokens_trained = 0
         self.checkpointed_step = 0
         self.checkpoint_versions: dict[int, int] = {}  # step -> policy version, until its write is committed
+        self.committed_step = 0  # last step whose checkpoint is written (and sent to the hub)
         self.t0 = time.time()
 
     # ------------------------------------------------------------------ loop
@@ -96,6 +97,7 @@ class LearnerService:
         steps = self.cfg.learner.steps
         while self.trainer.step < steps:
             step = self.trainer.step + 1
+            self._keep_commit_window(step)
             batch = self._wait_batch(step)
             if batch is None:  # asked to stop while waiting
                 break
@@ -129,7 +131,7 @@ class LearnerService:
         path = latest_checkpoint(self.run_dir)
         if path is not None:
             self.trainer.load_checkpoint(path)
-            self.checkpointed_step = self.trainer.step
+            self.checkpointed_step = self.committed_step = self.trainer.step
             log.info("resumed from %s at step %d (policy version %d)", path, self.trainer.step, self.trainer.version)
         if self.rank == 0:
             self.hub.request(R.WeightVersion(version=self.trainer.version))
@@ -174,9 +176,13 @@ class LearnerService:
         """Snapshot now (the timeline's "checkpoint" span is the learner's stall); the write finishes in the
         background unless `background` is false, and the step is committed once it is on disk."""
         step = self.trainer.step
-        self.checkpoint_versions[step] = self.trainer.version
         with self.timeline.span("checkpoint"):
-            self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step}, background=background)
+            taken = self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step}, background=background)
+        if taken is None:
+            log.warning("checkpoint at step %d skipped: the previous one is still being written (raise "
+                        "learner.checkpoint_every or use faster storage)", step)
+            return
+        self.checkpoint_versions[step] = self.trainer.version
         self.checkpointed_step = step
         if not background:
             self._commit_written(wait=True)
@@ -186,8 +192,19 @@ class LearnerService:
         done = self.trainer.checkpoints.wait() if wait else self.trainer.checkpoints.finished()
         for step, _ in done:
             version = self.checkpoint_versions.pop(step, self.trainer.version)
+            self.committed_step = max(self.committed_step, step)
             if self.rank == 0:
                 self._commit(step, version)
+
+    def _keep_commit_window(self, step: int) -> None:
+        """The hub hands out at most hub.max_uncommitted_steps batches past the last commit: before asking
+        for one more, let the checkpoint in flight finish (the only place the learner waits for the disk).
+        Rank 0 owns the writer and the commits; one small collective makes every rank decide alike."""
+        full = step - 1 - self.committed_step >= self.cfg.hub.max_uncommitted_steps - 1
+        if self._any(self.rank == 0 and full and self.trainer.checkpoints.busy):
+            log.info("step %d: waiting for the checkpoint write (hub commit window)", step)
+            with self.timeline.span("checkpoint_wait"):
+                self._commit_written(wait=True)
 
     def _commit(self, step: int, version: int | None = None) -> None:
         """Tell the hub `step` is trained and checkpointed. Failing that, the checkpoint still stands: the

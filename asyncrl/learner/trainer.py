@@ -218,13 +218,14 @@ class Trainer:
             yield name, fsdp.full_tensor(p.detach())
 
     def save_checkpoint(self, run_dir: str | Path, extra: dict[str, Any] | None = None,
-                        background: bool = False) -> Path:
+                        background: bool = False) -> Path | None:
         """Atomic checkpoint of the whole learner state at `self.step` (collective: every rank calls it).
-        With `background`, returns after the snapshot; `self.checkpoints.finished()` reports the write."""
-        self.checkpoints.save(run_dir, model=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-                              step=self.step, policy_version=self.version, extra=extra or {},
-                              keep=self.cfg.keep_checkpoints, background=background)
-        return Path(run_dir) / "checkpoints" / f"step-{self.step:08d}"
+        With `background`, returns after the snapshot (`self.checkpoints.finished()` reports the write), or
+        None when skipped because the previous write is still going."""
+        taken = self.checkpoints.save(run_dir, model=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+                                      step=self.step, policy_version=self.version, extra=extra or {},
+                                      keep=self.cfg.keep_checkpoints, background=background)
+        return Path(run_dir) / "checkpoints" / f"step-{self.step:08d}" if taken else None
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore a checkpoint (collective); returns its `extra` dict (e.g. the hub's commit point)."""

@@ -92,3 +92,28 @@ def test_failed_background_write_keeps_the_previous_checkpoint(tiny_model, tmp_p
     except RuntimeError as e:
         assert "disk full" in str(e)
     assert latest_checkpoint(tmp_path).name == "step-00000002"  # the half-written step 4 is not taken
+
+
+def test_a_checkpoint_due_while_the_last_is_still_writing_is_skipped_not_waited_for(tiny_model, tmp_path, monkeypatch):
+    import threading
+
+    from asyncrl.learner import checkpoint as ckpt
+
+    release = threading.Event()
+    real_write = ckpt._write
+
+    def slow_write(path, obj):
+        if path.name == "model.pt":
+            release.wait(30)  # the disk is slow
+        real_write(path, obj)
+
+    monkeypatch.setattr(ckpt, "_write", slow_write)
+    t = Trainer(LearnerConfig(**CFG), str(tiny_model), device="cpu")
+    t.step = 1
+    assert t.save_checkpoint(tmp_path, background=True) is not None
+    t.step = 2
+    assert t.save_checkpoint(tmp_path, background=True) is None  # returns at once: skipped
+    release.set()
+    t.step = 3
+    assert t.save_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-00000003"  # foreground: waits, writes
+    assert [s for s, _ in t.checkpoints.wait()] == [1, 3]
