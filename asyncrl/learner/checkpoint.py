@@ -150,6 +150,20 @@ class CheckpointWriter:
             self._thread.join()
             self._thread = None
 
+    def reserve(self, state: dict[str, Any]) -> None:
+        """Allocate the pinned staging buffers for `state` now (pinning ~6 GB takes seconds), so that the first
+        checkpoint in the middle of a run does not pay for it. Rank 0, one rank only."""
+        def walk(obj: Any, key: str) -> None:
+            if isinstance(obj, torch.Tensor) and obj.is_cuda and key not in self._pinned:
+                self._pinned[key] = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
+            elif isinstance(obj, dict):
+                for k, v in obj.items():
+                    walk(v, f"{key}/{k}")
+            elif isinstance(obj, (list, tuple)):
+                for i, v in enumerate(obj):
+                    walk(v, f"{key}/{i}")
+        walk(state, "")
+
     def _stage(self, obj: Any, clone: bool, key: str = "") -> Any:
         """Host copies of a state dict: device tensors into pinned buffers kept for the next save (one DMA
         copy each, then one sync); host tensors cloned when they are views of the live state."""

@@ -80,6 +80,7 @@ class LearnerService:
         self.checkpointed_step = 0
         self.checkpoint_versions: dict[int, int] = {}  # step -> policy version, until its write is committed
         self.committed_step = 0  # last step whose checkpoint is written (and sent to the hub)
+        self.reserved = False  # checkpoint staging buffers allocated (after the first step)
         self.t0 = time.time()
 
     # ------------------------------------------------------------------ loop
@@ -104,6 +105,10 @@ class LearnerService:
             if self.stop.is_set():
                 log.info("stop requested: finishing step %d, then checkpointing", step)
             metrics = self._train(batch)
+            if not self.reserved:
+                with self.timeline.span("checkpoint_setup"):
+                    self.trainer.reserve_checkpoint_buffers()
+                self.reserved = True
             push = self._push()
             if step == steps or step % self.cfg.learner.checkpoint_every == 0:
                 self._checkpoint(background=step < steps)

@@ -65,6 +65,8 @@ class TorchEngine:
         KV by prefill, so keep num_kv_blocks large enough that it does not happen."""
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
+            if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
+                self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         model = load_hf_folder(model_path, self.dtype, self.device)
