@@ -1,6 +1,8 @@
-"""python -m launch [CONFIG] [--set key=value ...] [--run-dir DIR] [--resume DIR]
+"""python -m launch [CONFIG] [--set key=value ...] [--run-dir DIR] [--resume DIR] [--show-config]
 
-With no CONFIG it runs the embedded default (tiny model, arithmetic task, CPU).
+With no CONFIG it runs the embedded default (tiny model, arithmetic task, CPU). Everything a user can
+get wrong (config keys, model path, task files, devices, the run directory) is checked before any
+process starts: one line naming the key and the fix, exit code 2.
 """
 
 from __future__ import annotations
@@ -10,15 +12,22 @@ import json
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 from asyncrl.config.loader import ConfigError, apply_overrides, from_dict, to_dict
+from asyncrl.config.reference import render_text
 from asyncrl.config.run import RunConfig, load_run_config
-from launch.progress import Progress
 from asyncrl.rundir import load_config, save_config
-from launch.run_dir import make_run_dir
-from launch.placement import run_placement
+from launch.placement import Placement, run_placement
+from launch.preflight import preflight
+from launch.progress import Progress
+from launch.report import final_report
+from launch.run_dir import RunDirError, check_resumable, make_run_dir
 from launch.supervisor import RunFailed, Supervisor
+
+EMBEDDED = Path(__file__).with_name("embedded.toml")
+EXIT_USAGE = 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -26,35 +35,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", help="TOML run config (default: the embedded default)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. learner.lr=1e-5")
-    p.add_argument("--run-dir", help="run directory (default: runs/<timestamp>)")
+    p.add_argument("--run-dir", help="run directory of a new run (default: runs/<timestamp>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--show-config", action="store_true",
+                   help="print every config key with its value, type, default and doc, then exit")
     return p.parse_args(argv)
-
-
-EMBEDDED = Path(__file__).with_name("embedded.toml")
 
 
 def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
     """The run's own config, with --set applied on top (e.g. learner.steps=200 to train longer)."""
+    check_resumable(run_dir)
     return from_dict(RunConfig, apply_overrides(to_dict(load_config(run_dir)), overrides))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = resumed_config(args.resume, args.set) if args.resume else load_run_config(args.config or EMBEDDED, args.set)
-        placement = run_placement(cfg)
-    except (ConfigError, ValueError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    run_dir = make_run_dir(cfg, args.run_dir, args.resume)
-    save_config(run_dir, cfg)
-    print(f"run directory: {run_dir}", file=sys.stderr)
-    print(f"placement: {placement.describe()}", file=sys.stderr)
-    sup = Supervisor(cfg, run_dir, resume=bool(args.resume), placement=placement)
+def prepare(args: argparse.Namespace) -> tuple[RunConfig, Placement, Path]:
+    """Config -> file-system checks -> devices -> run directory; raises ValueError with the one line to print."""
+    cfg = resumed_config(args.resume, args.set) if args.resume else load_run_config(args.config or EMBEDDED, args.set)
+    preflight(cfg)
+    placement = run_placement(cfg)
+    return cfg, placement, make_run_dir(cfg, args.run_dir, args.resume)
+
+
+def run(cfg: RunConfig, placement: Placement, run_dir: Path, resume: bool) -> tuple[int, dict, str]:
+    """Start the processes, watch them to the end, stop them: (exit code, summary, outcome)."""
+    sup = Supervisor(cfg, run_dir, resume=resume, placement=placement)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the run like Ctrl-C
-    code = 0
+    code, outcome = 0, "finished"
     try:
         sup.start()
         with Progress(run_dir, cfg.learner.steps, cfg.launch.progress) as progress:
@@ -62,12 +68,37 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: checkpointing and stopping ...", file=sys.stderr)
         sup.interrupt()
-        code = 130
+        code, outcome = 130, "interrupted"
     except RunFailed as e:
         print(f"run failed: {e}", file=sys.stderr)
-        code = 1
+        code, outcome = 1, "failed"
     finally:
         summary = sup.finish()
+    return code, summary, outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.show_config:
+            cfg = load_run_config(args.config or EMBEDDED, args.set)
+            sys.stdout.write(render_text(cfg))
+            return 0
+        cfg, placement, run_dir = prepare(args)
+    except RunDirError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
+    except (ConfigError, ValueError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    save_config(run_dir, cfg)
+    print(f"run directory: {run_dir}", file=sys.stderr)
+    print(f"placement: {placement.describe()}", file=sys.stderr)
+    started = time.monotonic()
+    code, summary, outcome = run(cfg, placement, run_dir, bool(args.resume))
+    print(final_report(run_dir, summary["accounting"], time.monotonic() - started, cfg.learner.steps, outcome),
+          file=sys.stderr)
     print(json.dumps({"run_dir": str(run_dir), "accounting": summary["accounting"]}))
     return code
 

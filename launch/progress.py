@@ -1,7 +1,9 @@
-"""Live progress in the terminal: learner step, reward, tokens/s, staleness, queue depths.
+"""Live progress in the terminal: learner step, elapsed, steps/s, ETA, reward, tokens/s, staleness, queues.
 
 Reads the last line of RUN_DIR/metrics.jsonl and the hub's counters; plain log lines when the
-output is not a terminal (CI, nohup).
+output is not a terminal (CI, nohup): one per learner step, or every 30 s while none comes.
+Steps/s counts the steps seen since the launcher started (a resumed run starts counting at its
+checkpoint); the ETA is the steps left at that rate.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from launch.report import duration
+
 
 def last_metrics(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
@@ -29,12 +33,45 @@ def last_metrics(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+class StepRate:
+    """Steps per second since the first step this launcher saw (its time stamp is when it was first seen)."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None
+
+    def observe(self, step: int, now: float) -> float | None:
+        if self.first is None or step < self.first[0]:
+            self.first = (step, now)
+        s0, t0 = self.first
+        return (step - s0) / (now - t0) if step > s0 and now > t0 else None
+
+
+def progress_row(m: dict[str, Any], hub: dict[str, Any], total: int, elapsed_s: float,
+                 rate: float | None) -> dict[str, str]:
+    """The fields of one progress line; "-" where nothing is known yet (never "nan")."""
+    step = int(m.get("step", 0))
+    eta = duration((total - step) / rate) if rate else "-"
+    return {
+        "step": f"{step}/{total}",
+        "elapsed": duration(elapsed_s),
+        "steps/s": f"{rate:.3f}" if rate else "-",
+        "eta": eta if step < total else "0s",
+        "reward": f"{m['reward_mean']:.3f}" if "reward_mean" in m else "-",
+        "tokens/s": f"{m.get('tokens_per_s', 0.0):.0f}",
+        "staleness": f"{m.get('staleness_mean', 0.0):.2f} (max {m.get('staleness_max', 0)})",
+        "version": str(hub.get("policy_version", m.get("policy_version", 0))),
+        "queues": " ".join(f"{k}={v}" for k, v in (hub.get("states") or {}).items() if v),
+    }
+
+
 class Progress:
     def __init__(self, run_dir: Path, total_steps: int, enabled: bool = True) -> None:
         self.run_dir, self.total = run_dir, total_steps
         self.console = Console(stderr=True)
         self.live = Live(console=self.console, refresh_per_second=2) if enabled and sys.stderr.isatty() else None
-        self._last_print = 0.0
+        self.started = time.monotonic()
+        self.rate = StepRate()
+        self._last_print = self.started
         self._last_step = -1
 
     def __enter__(self) -> "Progress":
@@ -47,19 +84,13 @@ class Progress:
             self.live.__exit__(*exc)
 
     def update(self, hub: dict[str, Any]) -> None:
-        m = last_metrics(self.run_dir)
-        row = {
-            "step": f"{m.get('step', 0)}/{self.total}",
-            "reward": f"{m.get('reward_mean', float('nan')):.3f}",
-            "tokens/s": f"{m.get('tokens_per_s', 0.0):.0f}",
-            "staleness": f"{m.get('staleness_mean', 0.0):.2f} (max {m.get('staleness_max', 0)})",
-            "version": str(hub.get("policy_version", m.get("policy_version", 0))),
-            "queues": " ".join(f"{k}={v}" for k, v in (hub.get("states") or {}).items() if v),
-        }
+        m, now = last_metrics(self.run_dir), time.monotonic()
+        step = int(m.get("step", 0))
+        row = progress_row(m, hub, self.total, now - self.started, self.rate.observe(step, now) if m else None)
         if self.live is not None:
             self.live.update(self._table(row))
-        elif m.get("step", 0) != self._last_step or time.monotonic() - self._last_print > 30:
-            self._last_step, self._last_print = m.get("step", 0), time.monotonic()
+        elif (m and step != self._last_step) or now - self._last_print > 30:
+            self._last_step, self._last_print = step, now
             print(" | ".join(f"{k} {v}" for k, v in row.items()), file=sys.stderr, flush=True)
 
     @staticmethod

@@ -1,0 +1,45 @@
+"""The human summary printed at the end of a run, before the launcher's JSON line.
+
+    run finished in 2m31s: step 20/20, reward 0.12 -> 0.45 (mean of a step's samples)
+    samples: 1280 trained of 1600 submitted, 0 failed, 0 lost
+    model: runs/20261130-191250/export (Hugging Face folder)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def duration(seconds: float) -> str:
+    """73 -> '1m13s', 3723 -> '1h02m03s'."""
+    s = int(round(max(seconds, 0.0)))
+    h, m, s = s // 3600, s // 60 % 60, s % 60
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def step_rewards(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first and last lines of RUN_DIR/metrics.jsonl ({} when there is none)."""
+    try:
+        lines = [x for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        return (json.loads(lines[0]), json.loads(lines[-1])) if lines else ({}, {})
+    except (OSError, json.JSONDecodeError):
+        return {}, {}
+
+
+def final_report(run_dir: Path, accounting: dict[str, Any], elapsed_s: float, total_steps: int, outcome: str) -> str:
+    first, last = step_rewards(run_dir)
+    lines = [f"run {outcome} in {duration(elapsed_s)}: step {last.get('step', 0)}/{total_steps}"
+             + (f", reward {first['reward_mean']:.3f} -> {last['reward_mean']:.3f} (mean per step)"
+                if "reward_mean" in first and "reward_mean" in last else ", no step finished")]
+    if "submitted" in accounting:
+        lines.append(f"samples: {accounting.get('trained', 0)} trained of {accounting['submitted']} submitted, "
+                     f"{accounting.get('failed', 0)} failed, {accounting.get('dropped_stale', 0)} dropped stale, "
+                     f"{accounting.get('lost', 0)} lost")
+    else:
+        lines.append(f"samples: unknown ({accounting.get('error', 'no accounting')})")
+    export = run_dir / "export"
+    lines.append(f"model: {export} (Hugging Face folder)" if export.is_dir() else f"model: not exported (no {export})")
+    lines.append(f"run directory: {run_dir} (metrics.jsonl, logs/, summary.json)")
+    return "\n".join(lines)
