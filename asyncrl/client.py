@@ -1,11 +1,17 @@
 """`asyncrl.Client`: submit prompts to a running system and stream back completions with their scores.
 
     client = Client(run_dir="runs/x")                 # or Client("tcp://127.0.0.1:5555")
-    handles = client.submit(["2+2=?", [1, 2, 3]], n=4, reward="4")
+    handles = client.submit(["2+2=?", [1, 2, 3]], n=4, target="4")
     for scored in handles[0]:                          # ScoredSample, as each sample is scored
         print(scored.reward, scored.sample.response_text)
     all_four = handles[1].result(timeout_s=60)
     client.stats()                                     # the hub's counters
+
+Scoring: a prompt without a reference answer gets one when the run's reward can compute it (the
+arithmetic task's verifier answers its own problems: "12+34=" -> "46"); otherwise, if a reward component
+of the run needs one (exact_match, math, task), `submit` refuses it with a ValueError naming what to pass.
+With `run_dir` the client reads the run's components from config.json; with an endpoint only, pass
+`reward_components` to get the same check.
 
 The hub pushes a `Completion` for every scored (or failed) sample of prompts submitted here; the client
 routes them to their `Handle`. `AsyncClient` offers the same calls as coroutines (one worker thread).
@@ -18,6 +24,7 @@ already received are skipped and counted in `client.rejected` (by reason) with a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -33,6 +40,8 @@ import numpy as np
 from asyncrl import records as R
 from asyncrl.credentials import SECRET_FILE, Credentials
 from asyncrl.peer import HubError, HubPeer
+from asyncrl.reward.reference import RewardComponentRef, complete_reference, run_reward_components
+from asyncrl.task.prompt_row import parse_row
 
 PromptLike = str | list[int] | dict[str, Any] | R.Prompt
 
@@ -91,23 +100,32 @@ def client_credentials(run_dir: str | Path | None) -> Credentials | None:
 
 class Client:
     def __init__(self, endpoint: str | None = None, *, run_dir: str | Path | None = None,
-                 name: str = "", timeout_s: float = 30.0) -> None:
+                 name: str = "", timeout_s: float = 30.0,
+                 reward_components: list[RewardComponentRef] | None = None) -> None:
         if (endpoint is None) == (run_dir is None):
             raise ValueError("Client: give exactly one of endpoint or run_dir")
         self.endpoint = endpoint or endpoint_from_run_dir(run_dir)  # type: ignore[arg-type]
         self.name = name or f"client-{uuid.uuid4().hex[:8]}"
         self.peer = HubPeer(self.endpoint, self.name, timeout_s=timeout_s, credentials=client_credentials(run_dir))
         self.handles: dict[str, Handle] = {}
+        # The run's reward components (to check that submitted prompts can be scored); None: unknown.
+        self.reward_components = reward_components if run_dir is None else run_reward_components(run_dir)
         self._lock = threading.Lock()
 
     def submit(self, prompts: PromptLike | list[PromptLike], *, n: int = 1,
                sampling: R.SamplingParams | dict[str, Any] | None = None,
+               target: str | int | float | None = None,
                reward: R.RewardSpec | str | dict[str, Any] | None = None) -> list[Handle]:
-        """Queue prompts (text, token ids, dicts or Prompt records); returns one Handle per prompt."""
+        """Queue prompts (text, token ids, dicts in the `asyncrl.task.prompt_row` format, or Prompt records);
+        returns one Handle per prompt. `target` is the reference answer of every prompt given here (a dict's
+        own "target" wins); prompts without one are refused (ValueError) when the run's reward needs one it
+        cannot compute itself."""
         items = [prompts] if isinstance(prompts, (str, dict, R.Prompt)) else list(prompts)
         if items and isinstance(items[0], int):  # one prompt given as a list of token ids
             items = [items]
-        recs = [to_prompt(p, n=n, sampling=sampling, reward=reward, prefix=self.name) for p in items]
+        spec = _reward_spec(target, reward)
+        recs = [complete_reference(to_prompt(p, n=n, sampling=sampling, reward=spec, prefix=self.name, index=i),
+                                   self.reward_components, i) for i, p in enumerate(items)]
         with self._lock:
             ack = self.peer.request(R.SubmitPrompts(prompts=recs, watch=True))
             ids = ack.info.get("prompt_ids")
@@ -200,41 +218,39 @@ class AsyncClient:
         self._pool.shutdown()
 
 
-def to_prompt(p: PromptLike, *, n: int, sampling: Any, reward: Any, prefix: str) -> R.Prompt:
-    """str (text) | list[int] (token ids) | dict | Prompt -> Prompt with a fresh unique id."""
+def to_prompt(p: PromptLike, *, n: int, sampling: Any, reward: R.RewardSpec, prefix: str, index: int = 0) -> R.Prompt:
+    """str (text) | list[int] (token ids) | dict (prompt_row format) | Prompt -> Prompt with a fresh unique id."""
     if isinstance(p, R.Prompt):
         return p
     if isinstance(p, str):
         p = {"text": p}
-    elif isinstance(p, list):
+    elif isinstance(p, (list, np.ndarray)):
         p = {"token_ids": p}
     if not isinstance(p, dict):
-        raise TypeError(f"prompt {p!r}: give a str, a list of token ids, a dict or a Prompt")
-    d = dict(p)
-    text = d.pop("text", d.pop("prompt", None))
-    tokens = d.pop("token_ids", None)
-    return R.Prompt(
-        prompt_id=str(d.pop("prompt_id", f"{prefix}-{uuid.uuid4().hex[:12]}")),
-        n=int(d.pop("n", n)),
-        text=text,
-        token_ids=None if tokens is None else np.asarray(tokens, dtype=np.int32),
-        sampling=_sampling(d.pop("sampling", sampling)),
-        reward=_reward(d.pop("reward", d.pop("target", reward))),
-        metadata=d.pop("metadata", {}) | d,  # any other keys travel as metadata
-    )
+        raise TypeError(f"submit: prompt {index} is a {type(p).__name__}; give a str, a list of token ids, a dict or a Prompt")
+    row = parse_row(p, f"submit: prompt {index}")
+    if row.target is None and reward.target is not None:
+        row = dataclasses.replace(row, target=reward.target)
+    if not row.params and reward.params:
+        row = dataclasses.replace(row, params=dict(reward.params))
+    base = sampling if isinstance(sampling, R.SamplingParams) else R.SamplingParams(**(sampling or {}))
+    return row.to_prompt(row.prompt_id or f"{prefix}-{uuid.uuid4().hex[:12]}", n, base)
 
 
-def _sampling(s: Any) -> R.SamplingParams:
-    if s is None:
-        return R.SamplingParams()
-    return s if isinstance(s, R.SamplingParams) else R.SamplingParams(**s)
-
-
-def _reward(r: Any) -> R.RewardSpec:
-    if r is None:
+def _reward_spec(target: Any, reward: Any) -> R.RewardSpec:
+    """The RewardSpec shared by every prompt of one submit (target= is the plain spelling)."""
+    if target is not None and reward is not None:
+        raise ValueError("submit: give target= or reward=, not both (target=\"46\" is the same as reward=\"46\")")
+    if target is not None:
+        return R.RewardSpec(target=str(target))
+    if reward is None:
         return R.RewardSpec()
-    if isinstance(r, R.RewardSpec):
-        return r
-    if isinstance(r, dict):
-        return R.RewardSpec(**r)
-    return R.RewardSpec(target=str(r))
+    if isinstance(reward, R.RewardSpec):
+        return reward
+    if isinstance(reward, dict):
+        unknown = set(reward) - {"target", "params"}
+        if unknown:
+            raise ValueError(f"submit: reward= has unknown key {sorted(unknown)[0]!r}; allowed: target, params")
+        return R.RewardSpec(target=None if reward.get("target") is None else str(reward["target"]),
+                            params=dict(reward.get("params") or {}))
+    return R.RewardSpec(target=str(reward))

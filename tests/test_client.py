@@ -57,7 +57,7 @@ def test_submit_text_tokens_and_dicts_and_get_scored_results(system):
     hub, run_dir = system
     with asyncrl.Client(run_dir=run_dir) as client:
         h_text, h_tok, h_dict = client.submit(
-            ["2+2=?", [1, 2, 3], {"prompt": "x", "n": 3, "target": "4", "topic": "math"}], n=2, reward="4")
+            ["2+2=?", [1, 2, 3], {"prompt": "x", "n": 3, "target": "4", "metadata": {"topic": "math"}}], n=2, reward="4")
         got = h_text.result(timeout_s=10)
         assert [s.sample.sample_index for s in got] == [0, 1] and [s.reward for s in got] == [0.0, 1.0]
         assert got[0].sample.response_text == "2+2=?" and got[0].components == {"target": 1.0}
@@ -106,3 +106,18 @@ def test_client_needs_exactly_one_address():
         asyncrl.Client()
     with pytest.raises(FileNotFoundError, match="replay"):
         asyncrl.Client(run_dir="/nonexistent-run")
+
+
+def test_task_prompts_get_their_answer_and_unscorable_ones_are_refused_at_submit(system):
+    hub, run_dir = system
+    (run_dir / "config.json").write_text(json.dumps({"reward": {"components": [{"kind": "task", "name": "task"}]}}))
+    with asyncrl.Client(run_dir=run_dir) as client:
+        with pytest.raises(ValueError, match=r"prompt 1 \('hello'\) has no reference answer .* pass target="):
+            client.submit(["2+2=", "hello"])
+        assert client.stats()["accounting"]["submitted"] == 0  # nothing of a refused submit reaches the hub
+        (handle,) = client.submit("2+2=", n=2)  # the task's verifier knows the answer: "4"
+        assert [s.components for s in handle.result(timeout_s=10)] == [{"target": 1.0}] * 2
+        (handle,) = client.submit("hello", target="4")
+        assert handle.result(timeout_s=10)[0].components == {"target": 1.0}
+        with pytest.raises(ValueError, match="give target= or reward=, not both"):
+            client.submit("hello", target="4", reward="4")

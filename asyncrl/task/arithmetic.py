@@ -7,6 +7,7 @@ and endless; the verifier scores a completion 1.0 when the text before the first
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -52,3 +53,15 @@ def extract_answer(response: str) -> str:
 def verify(response: str, target: str) -> float:
     """1.0 when the completion's answer is exactly `target` (as written: no leading zeros or '+')."""
     return 1.0 if extract_answer(response) == target.strip() else 0.0
+
+
+_PROBLEM = re.compile(r"\s*(\d+)\s*([+-])\s*(\d+)\s*=\s*")
+
+
+def solve(text: str) -> str | None:
+    """The answer of a problem written as the task writes them ("12+34=" -> "46"); None for other text."""
+    m = _PROBLEM.fullmatch(text)
+    if m is None:
+        return None
+    a, op, b = int(m[1]), m[2], int(m[3])
+    return str(a + b if op == "+" else a - b)
