@@ -5,7 +5,9 @@
 
 `submit` reads one prompt per JSONL line (a JSON string, a list of token ids, or an object with
 "text"/"prompt" or "token_ids", and optional "n", "target", "sampling", "metadata", "prompt_id") and prints
-one JSON line per scored sample as it arrives. `stats` prints the hub's counters as one JSON line.
+one JSON line per scored sample as it arrives. `stats` prints the hub's counters as one JSON line (of a
+finished run: the final counters from its summary.json, with "finished": true). A run directory that
+does not exist, or whose run has finished, is one line on stderr and exit code 2, at once.
 """
 
 from __future__ import annotations
@@ -31,16 +33,36 @@ def completion_json(s: R.ScoredSample) -> dict[str, Any]:
 
 
 def read_jsonl(path: str) -> list[Any]:
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: no such prompt file; give a JSONL file, one prompt per line")
     lines = Path(path).read_text().splitlines()
     try:
         return [json.loads(line) for line in lines if line.strip()]
     except json.JSONDecodeError as e:
-        raise SystemExit(f"{path}: not JSON lines ({e})") from None
+        raise UsageError(f"{path}: not JSON lines ({e})") from None
+
+
+class UsageError(ValueError):
+    """A mistake in the command line; the message is the one line printed (exit 2)."""
+
+
+def check_run_dir(run_dir: str) -> None:
+    """A run directory of a run that is up: it exists, has run.json and no summary.json (written at the end)."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise UsageError(f"--run-dir {run_dir}: no such directory; give the directory `python -m launch` printed")
+    if (path / "summary.json").exists():
+        raise UsageError(f"--run-dir {run_dir}: this run has finished (summary.json is there; nothing serves it); "
+                         f"start it again with `python -m launch --resume {run_dir} --set learner.steps=N`")
+    if not (path / "run.json").exists() and not (path / "replay.endpoint").exists():
+        raise UsageError(f"--run-dir {run_dir}: no run.json there; is it a run directory, and has the run started?")
 
 
 def connect(args: argparse.Namespace) -> Client:
     if (args.endpoint is None) == (args.run_dir is None):
-        raise SystemExit("give exactly one of --endpoint or --run-dir")
+        raise UsageError("give exactly one of --endpoint or --run-dir")
+    if args.run_dir is not None:
+        check_run_dir(args.run_dir)
     return Client(args.endpoint, run_dir=args.run_dir) if args.endpoint else Client(run_dir=args.run_dir)
 
 
@@ -53,6 +75,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    summary = Path(args.run_dir or "", "summary.json")
+    if args.run_dir and Path(args.run_dir).is_dir() and summary.exists():
+        final = json.loads(summary.read_text())  # a finished run: its final counters, no hub to ask
+        print(json.dumps({**final.get("hub", {}), "accounting": final.get("accounting"), "finished": True}, default=str))
+        return 0
     with connect(args) as client:
         print(json.dumps(client.stats(), default=str))
     return 0
@@ -70,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--n", type=int, default=1, help="samples per prompt (unless a line says)")
             p.add_argument("--timeout", type=float, default=None, help="seconds to wait for all results")
     args = ap.parse_args(argv)
-    return cmd_submit(args) if args.cmd == "submit" else cmd_stats(args)
+    try:
+        return cmd_submit(args) if args.cmd == "submit" else cmd_stats(args)
+    except UsageError as e:
+        print(f"asyncrl.cli: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

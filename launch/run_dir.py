@@ -43,6 +43,7 @@ def make_run_dir(cfg: RunConfig, run_dir: str | None, resume: str | None) -> Pat
         if step is not None:
             raise RunDirError(f"--resume {resume}: this run is finished (step {step}/{cfg.learner.steps}); "
                               f"to train longer add --set learner.steps=N with N > {step}")
+        (path / "summary.json").unlink(missing_ok=True)  # the run is live again (clients check); the end rewrites it
         return path
     path = Path(run_dir or cfg.launch.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     if (path / "config.json").exists():
