@@ -99,7 +99,7 @@ def render_markdown(cfg: Any) -> str:
     out = ["# Config reference", "",
            "Every key of the run config (`python -m launch CONFIG --set section.key=value`), with its type, default",
            "and doc, generated from the config dataclasses. Do not edit by hand; regenerate with",
-           "", "    python -m asyncrl.config.reference > docs/config.md", ""]
+           "", "    python -m asyncrl.config.reference > docs/config.md"]
     section = None
     for k in keys(cfg):
         head = k.name.split(".", 1)[0]

@@ -1,0 +1,41 @@
+"""The progress line (elapsed, steps/s, ETA, no 'nan' before the first step) and the final human summary."""
+
+import json
+
+from launch.progress import StepRate, progress_row
+from launch.report import duration, final_report
+
+
+def test_before_the_first_step_nothing_is_nan():
+    row = progress_row({}, {}, total=20, elapsed_s=5.0, rate=None)
+    assert "nan" not in " ".join(row.values())
+    assert row["reward"] == "-" and row["eta"] == "-" and row["steps/s"] == "-" and row["elapsed"] == "5s"
+
+
+def test_eta_is_the_steps_left_at_the_observed_rate():
+    rate = StepRate()
+    assert rate.observe(3, now=100.0) is None  # the first step seen only starts the clock (a resumed run)
+    r = rate.observe(8, now=110.0)
+    assert r == 0.5
+    row = progress_row({"step": 8, "reward_mean": 0.25}, {}, total=20, elapsed_s=75.0, rate=r)
+    assert row["eta"] == "24s" and row["steps/s"] == "0.500" and row["reward"] == "0.250" and row["elapsed"] == "1m15s"
+
+
+def test_duration_formats():
+    assert (duration(0.4), duration(73), duration(3723)) == ("0s", "1m13s", "1h02m03s")
+
+
+def test_final_report_has_elapsed_reward_first_to_last_samples_lost_and_export(tmp_path):
+    rows = [{"step": 1, "reward_mean": 0.125}, {"step": 2, "reward_mean": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "export").mkdir()
+    text = final_report(tmp_path, {"submitted": 160, "trained": 128, "failed": 0, "dropped_stale": 0, "lost": 0},
+                        elapsed_s=151, total_steps=2, outcome="finished")
+    assert "run finished in 2m31s: step 2/2, reward 0.125 -> 0.500" in text
+    assert "128 trained of 160 submitted" in text and "0 lost" in text
+    assert f"model: {tmp_path / 'export'}" in text
+
+
+def test_final_report_without_steps_or_accounting(tmp_path):
+    text = final_report(tmp_path, {"error": "the hub did not answer"}, elapsed_s=3, total_steps=5, outcome="failed")
+    assert "no step finished" in text and "the hub did not answer" in text and "not exported" in text
