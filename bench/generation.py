@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import os
 import subprocess
 import time
@@ -215,6 +216,14 @@ def bench_case(
     return row
 
 
+def require_cuda(bench: str) -> None:
+    """GPU-only benches: one line and exit 2 on a host without CUDA (not an assertion deep inside)."""
+    if not torch.cuda.is_available():
+        print(f"{bench} measures the CUDA engine and needs a GPU; this host has none (run it on a GPU host)",
+              file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="0.5b,1.5b", help="comma list of " + ",".join(SHAPES))
@@ -224,8 +233,7 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="engine only")
     parser.add_argument("--profile", action="store_true", help="also time the decode step's parts")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench.generation needs a CUDA device")
+    require_cuda("bench.generation")
     bw = copy_bandwidth()
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):

@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from bench.generation import build_hf, commit, make_engine, prompts, run_engine
+from bench.generation import build_hf, commit, make_engine, prompts, require_cuda, run_engine
 
 
 def learner_logprobs(hf, prompt: list[list[int]], outs, temperature: float, chunk: int) -> torch.Tensor:
@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--deterministic", action="store_true", help="engine in deterministic mode")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = parser.parse_args()
+    require_cuda("bench.logprob_agreement")
     max_len = args.prompt_len + args.output_len + 16
     hf = build_hf(args.shape, max_len, init_std=args.init_std, dtype=getattr(torch, args.dtype))
     eng = make_engine(hf, args.prompts, max_len, deterministic=args.deterministic)

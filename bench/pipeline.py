@@ -1,11 +1,13 @@
-"""python -m bench.pipeline [CONFIG] [--set k=v ...] [--plot FILE.png]
+"""python -m bench.pipeline [CONFIG] [--set k=v ...] [--repeats 2] [--keep DIR] [--plot FILE.png]
 
-Runs the same config twice in one invocation — asynchronous (hub.max_staleness as configured, >= 1)
+Runs the same config in two modes, interleaved (async, sync, async, sync: --repeats of each, so that
+drift in machine load hits both alike) — asynchronous (hub.max_staleness as configured, >= 1)
 and the synchronous baseline (max_staleness = 0: the hub admits no prompt for step k+1 until the
 learner has pushed version k, so generation and training alternate) — and prints one JSON line:
 steps/s of each, async_over_sync, overlap_fraction (share of learner busy time during which
 generation also ran), generator and learner idle fractions, the staleness histogram and weight-push
-time by phase, with model shape, batch, lengths, device and commit.
+time by phase, with model shape, batch, lengths, device and commit. Each number is computed per run,
+then the median over the repeats is reported. The run directories are removed at the end unless --keep.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -111,26 +114,83 @@ def plot(results: dict[str, dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> None:
+MODES = ("async", "sync")
+
+
+def schedule(repeats: int) -> list[tuple[str, int]]:
+    """Interleaved (async, sync, async, sync, ...) so that drift in machine load hits both modes alike."""
+    return [(mode, r) for r in range(repeats) for mode in MODES]
+
+
+def _median(values: list) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def median_of(runs: list[dict]) -> dict:
+    """One mode's result: each number the median over its repeats (each computed per run first); the
+    staleness histogram summed; `_spans` of the first run (for --plot)."""
+    scalars = ("steps_per_s", "wall_s", "steady_step_s", "overlap_fraction", "generator_idle_fraction",
+               "learner_idle_fraction", "reward_first", "reward_last")
+    out: dict = {k: _median([r[k] for r in runs]) for k in scalars}
+    kinds = sorted({k for r in runs for k in r["span_s"]})
+    out["span_s"] = {k: {stat: _median([r["span_s"][k][stat] for r in runs if k in r["span_s"]])
+                         for stat in ("median", "max", "count")} for k in kinds}
+    out["push_s_per_step"] = {k: _median([r["push_s_per_step"].get(k) for r in runs])
+                              for k in sorted({k for r in runs for k in r["push_s_per_step"]})}
+    hist: Counter[int] = Counter()
+    for r in runs:
+        hist.update(r["staleness_hist"])
+    out["staleness_hist"] = dict(sorted(hist.items()))
+    out["per_run_steps_per_s"] = [round(r["steps_per_s"], 4) for r in runs]
+    out["_spans"] = runs[0]["_spans"]
+    return out
+
+
+def run_all(config: str | None, overrides: list[str], staleness: int, repeats: int, base: Path) -> dict[str, dict]:
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    for mode, r in schedule(repeats):
+        run_dir = base / f"{mode}-{r}"
+        run_mode(config, [*overrides, f"hub.max_staleness={staleness if mode == 'async' else 0}"], run_dir)
+        runs[mode].append(analyse(run_dir))
+    return {mode: median_of(rs) for mode, rs in runs.items()}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__)
     p.add_argument("config", nargs="?")
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--plot", metavar="FILE.png")
-    p.add_argument("--keep", metavar="DIR", help="keep both run directories under DIR")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved; medians reported")
+    p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: removed at the end)")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give 1 or more")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     cfg = load_run_config(args.config or EMBEDDED, args.set)  # what launch will run
     staleness = max(cfg.hub.max_staleness, 1)
     base = Path(args.keep or tempfile.mkdtemp(prefix="bench-pipeline-"))
-    results = {}
-    for mode, s in (("async", staleness), ("sync", 0)):
-        run_mode(args.config, [*args.set, f"hub.max_staleness={s}"], base / mode)
-        results[mode] = analyse(base / mode)
+    try:
+        results = run_all(args.config, args.set, staleness, args.repeats, base)
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
     if args.plot:
         plot(results, args.plot)
+    print(json.dumps(result_line(results, cfg, staleness, args)))
+
+
+def result_line(results: dict[str, dict], cfg, staleness: int, args: argparse.Namespace) -> dict:
     a, s = results["async"], results["sync"]
-    line = {
-        "bench": "pipeline", "async_steps_per_s": a["steps_per_s"], "sync_steps_per_s": s["steps_per_s"],
+    return {
+        "bench": "pipeline", "repeats": args.repeats, "order": "interleaved async, sync",
+        "async_steps_per_s": a["steps_per_s"], "sync_steps_per_s": s["steps_per_s"],
         "async_over_sync": a["steps_per_s"] / s["steps_per_s"], "overlap_fraction": a["overlap_fraction"],
+        "per_run_steps_per_s": {"async": a["per_run_steps_per_s"], "sync": s["per_run_steps_per_s"]},
         "steady_step_s": {"async": a["steady_step_s"], "sync": s["steady_step_s"]},
         "steady_async_over_sync": (s["steady_step_s"] / a["steady_step_s"]) if a["steady_step_s"] and s["steady_step_s"] else None,
         "span_s": {"async": a["span_s"], "sync": s["span_s"]},
@@ -145,9 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         "device": cfg.generator.devices or "default", "host": platform.node(), "cpu": platform.processor() or platform.machine(),
         "learner": {"micro_batch_tokens": cfg.learner.micro_batch_tokens, "compile": cfg.learner.compile,
                     "checkpoint_every": cfg.learner.checkpoint_every},
-        "commit": os.environ.get("ASYNCRL_COMMIT") or commit(), "run_dirs": str(base),
+        "commit": os.environ.get("ASYNCRL_COMMIT") or commit(), "run_dirs": args.keep or "removed",
     }
-    print(json.dumps(line))
 
 
 if __name__ == "__main__":
