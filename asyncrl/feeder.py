@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from asyncrl import records as R
+from asyncrl.config.model import resolve_model_path
 from asyncrl.config.run import RunConfig
 from asyncrl.peer import HubError, HubPeer
 from asyncrl.rundir import write_json
@@ -62,7 +63,8 @@ class Feeder:
     def _feed(self) -> None:
         cfg = self.cfg
         sampling = R.SamplingParams(temperature=cfg.task.temperature, max_new_tokens=cfg.task.max_new_tokens)
-        source = make_prompt_source(cfg.task, cfg.batch.samples_per_prompt, sampling)
+        source = make_prompt_source(cfg.task, cfg.batch.samples_per_prompt, sampling,
+                                    tokenizer_path=resolve_model_path(cfg.model) if cfg.task.chat_template else None)
         index = self._cursor()
         source = itertools.islice(source, index, None)
         peer = HubPeer(self.endpoint, "feeder", timeout_s=30.0)

@@ -1,0 +1,26 @@
+"""The tokenizer's own chat template, applied to prompts when task.chat_template = true.
+
+Prompts become token ids here (with the template's generation prompt), so the generator does not add a
+second BOS or re-tokenize the template's special tokens.
+"""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+Message = dict[str, str]
+
+
+class ChatTemplate:
+    def __init__(self, tokenizer_path: str) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"task.chat_template = true, but the tokenizer at {tokenizer_path} has no chat template; "
+                             "use an instruct/chat model's folder for model.path or set task.chat_template = false")
+
+    def encode(self, messages: list[Message]) -> list[int]:
+        """Token ids of `messages` followed by the assistant's generation prompt."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers >= 5 may answer a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
