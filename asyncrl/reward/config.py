@@ -6,15 +6,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("exact_match", "regex", "math", "task", "python", "http")
+KINDS = ("exact_match", "regex", "math", "task", "python", "http", "classifier")
 # Options each kind cannot do without; the rest have defaults (see the kind's class in asyncrl.reward).
-_REQUIRED_OPTIONS = {"regex": ("pattern",), "python": ("function",), "http": ("url",)}
+_REQUIRED_OPTIONS = {"regex": ("pattern",), "python": ("function",), "http": ("url",), "classifier": ("model",)}
 
 
 @dataclass(kw_only=True, slots=True)
 class RewardComponentConfig:
     kind: str
-    """exact_match | regex | math | task | python | http"""
+    """exact_match | regex | math | task | python | http | classifier"""
     weight: float = 1.0
     """Weight of this component in the total reward."""
     name: str = ""
@@ -22,7 +22,8 @@ class RewardComponentConfig:
     options: dict[str, Any] = field(default_factory=dict)
     """Kind-specific options. regex: pattern, full_match (false: search anywhere). python: function
     ("pkg.module:fn"), cpu_heavy (run in the process pool). http: url, timeout_s (per attempt; default
-    the reward timeout), retries (2), backoff_s (0.2, doubled per retry), headers."""
+    the reward timeout), retries (2), backoff_s (0.2, doubled per retry), headers. classifier: model (a
+    sequence-classification folder), batch_size (16), device ("cpu"), max_length (1024), label, dtype."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

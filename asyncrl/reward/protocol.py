@@ -1,4 +1,4 @@
-"""The reward-function Protocol: every kind (rules, math, task, python, http) implements it."""
+"""The reward-function Protocol: every kind (rules, math, task, python, http, classifier) implements it."""
 
 from __future__ import annotations
 

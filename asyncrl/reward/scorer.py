@@ -50,6 +50,10 @@ class Scorer:
                     return PythonFunction(c.options, self.offload)
                 case "http":
                     return HttpReward(c.options, self.http, self.cfg.timeout_s)
+                case "classifier":
+                    from asyncrl.reward.classifier import SequenceClassifier  # torch + transformers: only when used
+
+                    return SequenceClassifier(c.options)
         except ValueError as e:
             raise ValueError(f"reward component {c.name!r}: {e}") from None
         raise AssertionError(f"kind {c.kind!r} passed validation but has no implementation")
