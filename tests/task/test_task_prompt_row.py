@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from asyncrl.records import SamplingParams
+from asyncrl.task import prompt_row
 from asyncrl.task.prompt_row import parse_row
 
 
@@ -19,7 +20,8 @@ def test_every_key_reaches_the_prompt():
     assert p.metadata == {"src": "x", "line": 1} and row.prompt_id == "q"
 
 
-def test_deprecated_spellings_are_converted_with_a_warning(caplog):
+def test_deprecated_spellings_are_converted_with_a_warning(caplog, monkeypatch):
+    monkeypatch.setattr(prompt_row, "_warned", set())  # warned once per process: start afresh
     with caplog.at_level(logging.WARNING):
         row = parse_row({"prompt": "a", "reward": {"target": "1", "params": {"k": 2}}}, "w")
     assert (row.text, row.target, row.params) == ("a", "1", {"k": 2})
