@@ -7,6 +7,7 @@ from pathlib import Path
 
 from asyncrl.config.model import resolve_dtype, resolve_model_path
 from asyncrl.config.run import RunConfig
+from asyncrl.credentials import Credentials
 from asyncrl.engine.protocol import Engine
 from asyncrl.generator.worker import GeneratorWorker
 from asyncrl.peer import HubPeer
@@ -34,7 +35,7 @@ def build_generator(
     engine = build_engine(cfg, device, model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     hub = HubPeer(endpoints["replay"], name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
-    weights = WeightReceiver(endpoints["weights"], name, device, engine)
+    weights = WeightReceiver(endpoints["weights"], name, device, engine, credentials=Credentials.from_env())
     timeline = Timeline(run_dir, name)
     worker = GeneratorWorker(
         name=name, engine=engine, hub=hub, tokenizer=tokenizer, max_running=cfg.generator.max_running,

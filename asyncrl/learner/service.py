@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from asyncrl import records as R
 from asyncrl.config.model import resolve_model_path
+from asyncrl.credentials import RunSecret
 from asyncrl.config.run import RunConfig
 from asyncrl.learner import fsdp
 from asyncrl.learner.checkpoint import latest_checkpoint
@@ -73,7 +74,8 @@ class LearnerService:
         self.sender = WeightSender(endpoints["weights"], device=device,
                                    bucket_bytes=cfg.learner.weight_bucket_mb << 20,
                                    pause_mode=cfg.generator.inflight_update,
-                                   master_address=cfg.launch.host) if self.rank == 0 else None
+                                   master_address=cfg.launch.host,
+                                   secret=RunSecret.load(self.run_dir)) if self.rank == 0 else None
         self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
         self.timeline = Timeline(self.run_dir, name)
         self.tokens_trained = 0

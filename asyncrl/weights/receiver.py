@@ -40,6 +40,7 @@ import torch
 import zmq
 
 from asyncrl import wire
+from asyncrl.credentials import Credentials
 from asyncrl.engine.protocol import Engine, GenerationOutput
 from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGroupInit, WeightJoin
 from asyncrl.weights.bucket import BucketLayout, unflatten
@@ -80,8 +81,10 @@ class WeightReceiver:
         host: str = "127.0.0.1",
         timeout_s: float = 60.0,
         max_bucket_bytes: int | None = None,
+        credentials: Credentials | None = None,
     ):
-        """host: this generator's address as the learner sees it. max_bucket_bytes: refuse bigger buckets."""
+        """host: this generator's address as the learner sees it. max_bucket_bytes: refuse bigger buckets.
+        credentials: the run role this receiver proves to the learner's weight socket (None: none asked)."""
         self.name, self.device, self.engine = generator_name, torch.device(device), engine
         self.host, self.timeout_s, self.max_bucket_bytes = host, timeout_s, max_bucket_bytes
         self._transport: WeightTransport | None = None
@@ -92,6 +95,8 @@ class WeightReceiver:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         bound_socket(self._sock)
+        if credentials is not None:
+            credentials.apply(self._sock, generator_name, learner_endpoint)
         self._sock.connect(learner_endpoint)
         self.join()
 

@@ -46,6 +46,7 @@ from asyncrl.weights.inbox import Rejections, bound_socket, read_message
 from asyncrl.weights.member import MAX_PENDING_JOINS, Member, check_join, take_ack
 from asyncrl.weights.report import PushReport
 from asyncrl.weights.transport import BroadcastTransport
+from asyncrl.zap import ZapHandler
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,12 @@ class WeightSender:
         pause_mode: str = "continue",
         master_address: str = "127.0.0.1",
         timeout_s: float = 60.0,
+        secret: bytes | None = None,
     ):
         """endpoint: ZeroMQ address to bind ("tcp://127.0.0.1:0" picks a port; see `.endpoint`).
         device: where buckets are packed (the learner's device). master_address: address generators use
-        to reach this host's rendezvous stores."""
+        to reach this host's rendezvous stores. secret: the run's secret; with it, a peer that does not
+        prove a role of the run (ZAP: PLAIN on loopback, CURVE elsewhere; asyncrl/zap.py) cannot connect."""
         if pause_mode not in ("abort", "continue"):
             raise ValueError(f"pause_mode={pause_mode!r}: must be 'abort' or 'continue'")
         if timeout_s <= 0:
@@ -79,8 +82,12 @@ class WeightSender:
         self._incarnation = secrets.token_hex(4)  # group names never repeat across learner restarts
         self._group_count = 0
         self.rejected = Rejections("weight sender")
-        self._ctx = zmq.Context.instance()
+        # An authenticating socket gets a context of its own: ZAP's handler is one per context.
+        self._ctx = zmq.Context() if secret is not None else zmq.Context.instance()
+        self._zap = ZapHandler(self._ctx, secret) if secret is not None else None
         self._sock = self._ctx.socket(zmq.ROUTER)
+        if self._zap is not None:
+            self._zap.secure(self._sock, endpoint)
         bound_socket(self._sock)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, not drops
         self._sock.bind(endpoint.replace(":0", ":*") if endpoint.endswith(":0") else endpoint)
@@ -126,6 +133,9 @@ class WeightSender:
             m.close()
         self._members.clear()
         self._sock.close(0)
+        if self._zap is not None:
+            self._zap.close()
+            self._ctx.term()
 
     # ------------------------------------------------------------------ the push (one place)
 
