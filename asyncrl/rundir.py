@@ -10,22 +10,17 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config.loader import from_dict, to_dict
 from asyncrl.config.run import RunConfig
+from asyncrl.durable import write_json_atomic
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomic: temporary name, fsync, rename."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Atomic: temporary name, fsync, rename (asyncrl.durable)."""
+    write_json_atomic(Path(path), data)
 
 
 def save_config(run_dir: Path, cfg: RunConfig) -> None:

@@ -31,6 +31,8 @@ os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")  # the same in both processes (c
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from bench.weight_sync import SinkEngine  # noqa: E402
+
 T0 = time.monotonic()
 
 
@@ -52,28 +54,6 @@ def checksums(named) -> dict[str, float]:
     return {n: float(t.float().sum().item()) for n, t in named}
 
 
-class CheckEngine:
-    """Receives into preallocated tensors; the engine half the receiver drives."""
-
-    def __init__(self, mib: int, device: str) -> None:
-        self.params = {n: torch.empty_like(t) for n, t in make_weights(mib, device)}
-        self.weight_version = 0
-
-    def pause(self, mode: str) -> list:
-        return []
-
-    def resume(self) -> None: ...
-
-    def begin_weight_update(self) -> None: ...
-
-    def load_weights(self, named) -> None:
-        for name, t in named:
-            self.params[name].copy_(t)
-
-    def end_weight_update(self, version: int) -> None:
-        self.weight_version = version
-
-
 def child(endpoint: str, bare_port: int, device: str, mib: int, pushes: int, deadline_s: float, out) -> None:
     faulthandler.dump_traceback_later(deadline_s - 10, exit=True)
     global T0
@@ -91,7 +71,7 @@ def child(endpoint: str, bare_port: int, device: str, mib: int, pushes: int, dea
     group.wait(group.broadcast(buf), 30)
     phase("generator", f"bare: received, sum={int(buf.sum())}")
     group.close()
-    engine = CheckEngine(mib, device)
+    engine = SinkEngine({n: torch.empty_like(t) for n, t in make_weights(mib, device)})
     phase("generator", "join: WeightReceiver sends WeightJoin")
     rx = WeightReceiver(endpoint, "diag-generator", device, engine, timeout_s=40)
     expect = checksums(make_weights(mib, device))

@@ -51,10 +51,11 @@ def named_shapes(shape: str) -> list[tuple[str, tuple[int, ...]]]:
 
 
 class SinkEngine:
-    """The receiving side's model: preallocated parameters that each update copies into."""
+    """The receiving side's model: preallocated parameters that each update copies into (bench.nccl_diag
+    uses it too)."""
 
-    def __init__(self, shape: str, device: str, dtype: torch.dtype) -> None:
-        self.params = {n: torch.empty(s, device=device, dtype=dtype) for n, s in named_shapes(shape)}
+    def __init__(self, params: dict[str, torch.Tensor]) -> None:
+        self.params = params
         self.weight_version = 0
         self.updates = 0
 
@@ -78,7 +79,7 @@ class SinkEngine:
 
 
 def receiver_main(endpoint: str, device: str, shape: str, dtype: str, pushes: int, ref: tuple[int, int, str]) -> None:
-    engine = SinkEngine(shape, device, getattr(torch, dtype))
+    engine = SinkEngine({n: torch.empty(s, device=device, dtype=getattr(torch, dtype)) for n, s in named_shapes(shape)})
     rx = WeightReceiver(endpoint, "bench-generator", device, engine)
     deadline = time.monotonic() + 600
     while engine.updates < pushes and time.monotonic() < deadline:

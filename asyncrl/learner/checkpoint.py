@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from asyncrl.durable import fsync_dir, write_synced
 from asyncrl.learner import fsdp
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -191,8 +192,8 @@ class CheckpointWriter:
         try:
             for name, obj in state.items():
                 _write(tmp / name, obj)
-            _write_bytes(tmp / "meta.json", json.dumps(meta, indent=1).encode())
-            _fsync_dir(tmp)
+            write_synced(tmp / "meta.json", json.dumps(meta, indent=1).encode())
+            fsync_dir(tmp)
             _replace_dir(tmp, final)
             _prune(final.parent, keep)
             with self._lock:
@@ -260,28 +261,13 @@ def _write(path: Path, obj: Any) -> None:
         os.fsync(f.fileno())
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _replace_dir(tmp: Path, final: Path) -> None:
     old = final.with_name(f".old-{final.name}")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from asyncrl.replay.log import LogCorrupt, iter_sealed
-from asyncrl.replay.snapshot import fsync_dir
+from asyncrl.durable import fsync_dir
 
 log = logging.getLogger("asyncrl.replay")
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from asyncrl import records as R
 from asyncrl import wire
+from asyncrl.durable import fsync_dir
 from asyncrl.replay.groups import GroupEntry, Phase
 from asyncrl.replay.leases import LeaseEntry
 from asyncrl.replay.log import LogCorrupt, LogWriter, iter_sealed
@@ -67,15 +68,6 @@ def read_snapshot(path: Path) -> tuple[HubState, int]:
         return decode_state(records[0])
     except Exception as e:  # any malformed content: this snapshot is unusable, an older one may do
         raise SnapshotInvalid(f"{path}: {type(e).__name__}: {e}") from None
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or unlink in `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------- encode
