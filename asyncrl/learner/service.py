@@ -118,10 +118,13 @@ class LearnerService:
             self._report(step, batch, metrics, push)
 
     def _final_checkpoint(self) -> None:
-        if self.trainer.step <= self.checkpointed_step:
-            return
+        """Every finished step on disk and committed before the process ends (a background write still in
+        flight is waited for: the writer thread would die with the process)."""
         self.hub.timeout_s = min(self.hub.timeout_s, 5.0)  # the hub may be stopping or gone
         self.hub.reconnect_s = 0.0
+        if self.trainer.step <= self.checkpointed_step:
+            self._commit_written(wait=True)
+            return
         self._checkpoint(background=False)
 
     def close(self) -> None:
