@@ -27,7 +27,6 @@ from asyncrl.replay.config import HubConfig
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.peers import PeerTable
 from asyncrl.replay.roles import Caller, refusal
-from asyncrl.replay.roles import Caller, refusal
 from asyncrl.replay.scoring import ScoreDispatch
 from asyncrl.replay.stats import hub_stats, rejection_kind
 
@@ -67,7 +66,7 @@ class HubCore:
             R.ScoredBatch: self._scored,
             R.BatchRequest: self._batch, R.CommitStep: self._commit, R.WeightVersion: self._version,
             R.Heartbeat: self._heartbeat, R.FatalError: self._fatal, R.Shutdown: self._shutdown,
-            R.StatsRequest: self._stats, R.PeerDown: self._peer_down, R.PeerDown: self._peer_down,
+            R.StatsRequest: self._stats, R.PeerDown: self._peer_down,
         }
 
     # ------------------------------------------------------------------------------ entry points
@@ -313,13 +312,6 @@ class HubCore:
         if isinstance(msg, R.ScoreRequest):
             return R.ToScore(items=[])
         return R.Ack(ok=False, info={"reason": "timeout"})
-
-    def _refuse(self, env: Envelope, reason: str, request_type: str) -> None:
-        """The caller's role may not send this (or not for this lease): counted, logged, answered."""
-        self.counters["refused_requests"] += 1
-        if _worth_logging(self.counters["refused_requests"]):
-            log.warning("refused request #%d %s: %s", self.counters["refused_requests"], request_type, reason)
-        self.outbox.append((env, R.ErrorReply(reason=f"refused: {reason}", request_type=request_type)))
 
     def _refuse(self, env: Envelope, reason: str, request_type: str) -> None:
         """The caller's role may not send this (or not for this lease): counted, logged, answered."""
