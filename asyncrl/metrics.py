@@ -1,6 +1,9 @@
-"""Per-step metrics: one JSON line per learner step in RUN_DIR/metrics.jsonl, plus TensorBoard events.
+"""Per-step metrics: one JSON line per learner step in RUN_DIR/metrics.jsonl, plus TensorBoard events,
+plus (when asked) Prometheus gauges on loopback and Weights & Biases.
 
 TensorBoard is optional at run time: without the `tensorboard` package only the JSONL is written.
+Prometheus gauges are every finite number of the record except the hub's counters (the hub exports
+those itself), e.g. asyncrl_learner_loss, asyncrl_learner_reward_mean, asyncrl_learner_step_time_s.
 """
 
 from __future__ import annotations
@@ -11,12 +14,20 @@ import math
 from pathlib import Path
 from typing import Any
 
+from asyncrl.prometheus import PrometheusExporter, scalar_samples
+from asyncrl.wandb_run import WandbRun
+
 log = logging.getLogger(__name__)
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, prometheus_port: int | None = None, wandb_project: str = "",
+                 wandb_config: dict[str, Any] | None = None) -> None:
+        """`prometheus_port`: serve gauges on http://127.0.0.1:PORT/metrics (0: any free port; None: off).
+        `wandb_project`: also log to W&B ("" = off)."""
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.exporter = PrometheusExporter("asyncrl_learner", prometheus_port) if prometheus_port is not None else None
+        self.wandb = WandbRun(wandb_project, run_dir, wandb_config) if wandb_project else None
         self._file = open(self.path, "a", buffering=1)
         self._tb = None
         try:
@@ -31,11 +42,19 @@ class MetricsWriter:
         if self._tb is not None:
             for key, value in _flatten(metrics):
                 self._tb.add_scalar(key, value, step)
+        if self.exporter is not None:
+            self.exporter.publish(scalar_samples({"step": step, **metrics}, skip=("hub",)))
+        if self.wandb is not None:
+            self.wandb.log(step, dict(_flatten(metrics)))
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self.exporter is not None:
+            self.exporter.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
 
 def _plain(v: Any) -> Any:

@@ -31,6 +31,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.credentials import Credentials, RunSecret
 from asyncrl.feeder import Feeder
 from asyncrl.peer import ENV_RECONNECT, HubPeer
+from asyncrl.prometheus import LOOPBACK, metrics_url, url_port
 from asyncrl.rundir import write_json
 from launch.placement import Placement, nccl_env, run_placement
 from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
@@ -58,6 +59,11 @@ class Supervisor:
         host = cfg.launch.host
         self.endpoints = {"replay": f"tcp://{host}:{free_port(host)}", "weights": f"tcp://{host}:{free_port(host)}"}
         self.master_port = free_port(host)
+        # Prometheus endpoints (loopback; the hub keeps its port across restarts), launch.prometheus
+        hub_port = free_port(LOOPBACK)
+        learner_port = next(p for p in iter(lambda: free_port(LOOPBACK), None) if p != hub_port)
+        self.metrics_endpoints = ({"hub": metrics_url(hub_port), "learner": metrics_url(learner_port)}
+                                  if cfg.launch.prometheus else {})
         self.secret = RunSecret.ensure(run_dir)
         self.credentials = Credentials.for_role(self.secret, "launcher")
         os.environ.update(self.credentials.to_env())  # this process's own peers (the feeder) are the launcher
@@ -79,8 +85,9 @@ class Supervisor:
 
     def specs(self) -> list[ProcessSpec]:
         cfg = self.cfg
+        metrics = ["--metrics-port", str(url_port(self.metrics_endpoints["hub"]))] if self.metrics_endpoints else []
         out = [ProcessSpec(name="replay", module="services.replay", restartable=True,
-                           args=["--run-dir", str(self.run_dir), "--endpoint", self.endpoints["replay"]])]
+                           args=["--run-dir", str(self.run_dir), "--endpoint", self.endpoints["replay"], *metrics])]
         world = cfg.learner.ranks
         gpu = nccl_env() if any(d.startswith("cuda") for d in self.placement.learner + self.placement.generators) else {}
         for rank, device in enumerate(self.placement.learner):
@@ -214,4 +221,5 @@ class Supervisor:
     def _write_run_json(self) -> None:
         pids = {n: c.proc.pid for n, c in self.children.items()}
         write_json(self.run_dir / "run.json", {"endpoints": self.endpoints, "pids": pids,
-                                               "master_port": self.master_port})
+                                               "master_port": self.master_port,
+                                               "metrics_endpoints": self.metrics_endpoints})

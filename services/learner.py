@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from asyncrl.learner.service import LearnerService, init_distributed
 from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
+from asyncrl.prometheus import url_port
 from asyncrl.rundir import load_config, read_run_json
 
 
@@ -20,7 +21,9 @@ def main() -> None:
     cfg = load_config(args.run_dir)
     adopt_credentials(args.run_dir, "learner")
     init_distributed(args.device)
-    service = LearnerService(cfg, args.run_dir, args.name, args.device, read_run_json(args.run_dir)["endpoints"], stop)
+    run = read_run_json(args.run_dir)
+    metrics_port = url_port(run.get("metrics_endpoints", {}).get("learner", ""))
+    service = LearnerService(cfg, args.run_dir, args.name, args.device, run["endpoints"], stop, metrics_port)
     log.info("learner %s on %s: %d steps", args.name, args.device, cfg.learner.steps)
     try:
         service.run()

@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--config", default=None, help="run config TOML (default: RUN_DIR/config.json if present)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument("--endpoint", default=None, help="bind here instead of hub.endpoint (port 0: any free port)")
+    ap.add_argument("--metrics-port", type=int, default=None,
+                    help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port; default: off)")
     return ap.parse_args(argv)
 
 
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     install_uvloop()
     try:
-        hub = Hub(cfg.hub, cfg.batch, run_dir, args.endpoint, secret=RunSecret.ensure(run_dir))
+        hub = Hub(cfg.hub, cfg.batch, run_dir, args.endpoint, secret=RunSecret.ensure(run_dir),
+                  metrics_port=args.metrics_port)
     except LogCorrupt as e:  # damaged history: one line naming file, offset and what to do; no traceback
         print(f"replay: cannot resume: {e}", file=sys.stderr, flush=True)
         return EXIT_LOG_CORRUPT

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 
@@ -25,6 +26,13 @@ class LaunchConfig:
     """End the run when the learner makes no step for this long (0 = never); the error says why."""
     seed: int = 0
     """Global seed."""
+    prometheus: bool = True
+    """Serve Prometheus metrics over HTTP on loopback: the learner's per-step gauges (rank 0) and the hub's
+    accounting and rejected/refused counters, each on a free port listed in RUN_DIR/run.json under
+    "metrics_endpoints"."""
+    wandb_project: str = ""
+    """Also log the learner's metrics to this Weights & Biases project ("" = off; needs `pip install wandb`;
+    WANDB_MODE=offline keeps it local)."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
@@ -33,5 +41,8 @@ class LaunchConfig:
             raise ValueError(f"launch.restart_window_s={self.restart_window_s}: must be > 0 seconds")
         if self.hub_reconnect_s < 0:
             raise ValueError(f"launch.hub_reconnect_s={self.hub_reconnect_s}: must be >= 0 (0 = fail at once)")
+        if self.wandb_project and importlib.util.find_spec("wandb") is None:
+            raise ValueError(f"launch.wandb_project={self.wandb_project!r} needs the wandb package: pip install wandb, "
+                             "or set launch.wandb_project=\"\" to turn W&B logging off")
         if self.stall_timeout_s < 0:
             raise ValueError(f"launch.stall_timeout_s={self.stall_timeout_s}: must be >= 0 (0 = no watchdog)")

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -64,7 +65,8 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> None:
 
 class LearnerService:
     def __init__(self, cfg: RunConfig, run_dir: str | Path, name: str, device: str,
-                 endpoints: dict[str, str], stop: StopFlag) -> None:
+                 endpoints: dict[str, str], stop: StopFlag, metrics_port: int | None = None) -> None:
+        """`metrics_port`: rank 0 serves Prometheus gauges there (run.json's metrics_endpoints; None: off)."""
         self.cfg, self.run_dir, self.name, self.stop = cfg, Path(run_dir), name, stop
         self.trainer = Trainer(cfg.learner, resolve_model_path(cfg.model), dtype=cfg.model.dtype, device=device,
                                seed=cfg.launch.seed)
@@ -76,7 +78,8 @@ class LearnerService:
                                    pause_mode=cfg.generator.inflight_update,
                                    master_address=cfg.launch.host,
                                    secret=RunSecret.load(self.run_dir)) if self.rank == 0 else None
-        self.metrics = MetricsWriter(self.run_dir) if self.rank == 0 else None
+        self.metrics = MetricsWriter(self.run_dir, metrics_port, cfg.launch.wandb_project,
+                                     wandb_config=dataclasses.asdict(cfg)) if self.rank == 0 else None
         self.timeline = Timeline(self.run_dir, name)
         self.tokens_trained = 0
         self.checkpointed_step = 0

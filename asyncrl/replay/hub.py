@@ -39,23 +39,28 @@ from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.config.batch import BatchConfig
 from asyncrl.credentials import is_local
+from asyncrl.prometheus import PrometheusExporter, Sample
 from asyncrl.replay.config import HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.roles import Caller
+from asyncrl.replay.stats import prometheus_samples
 from asyncrl.zap import ZapHandler
 
 log = logging.getLogger("asyncrl.replay")
 
 BURST = 1024  # frames handled per loop turn before the log is synced and replies go out
 TICK_S = 0.05  # lease expiry and long-poll timeouts run at least this often
+EXPORT_S = 1.0  # Prometheus values are refreshed this often (a scrape reads the last refresh)
 LOG_NAME = "replay.log"
 RECV_BUDGET_BYTES = 256 << 20  # frames ZeroMQ may queue per connection before it stops reading from it
 
 
 class Hub:
     def __init__(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None,
-                 endpoint: str | None = None, secret: bytes | None = None) -> None:
+                 endpoint: str | None = None, secret: bytes | None = None, metrics_port: int | None = None) -> None:
+        """`metrics_port`: serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port;
+        None: no exporter)."""
         endpoint = endpoint or cfg.endpoint
         if secret is None and not is_local(endpoint):
             raise ValueError(f"hub endpoint {endpoint}: binding a non-loopback address needs the run secret "
@@ -79,6 +84,8 @@ class Hub:
         self._running = False
         self._next_tick = 0.0
         self.unsent = 0  # replies dropped because a peer's queue was full or it was gone
+        self.exporter = PrometheusExporter("asyncrl_hub", metrics_port) if metrics_port is not None else None
+        self._next_export = 0.0
 
     async def serve(self) -> None:
         """Serve until `stop()`."""
@@ -97,6 +104,7 @@ class Hub:
         if now >= self._next_tick:
             self.core.tick(now)
             self._next_tick = now + TICK_S
+            self._export(now)
         else:
             self.core.pump(now)
         self.journal.sync()
@@ -107,6 +115,8 @@ class Hub:
 
     def close(self) -> None:
         self._running = False
+        if self.exporter is not None:
+            self.exporter.close()
         self.journal.close()
         self.sock.close(linger=0)
         if self.zap is not None:
@@ -120,6 +130,14 @@ class Hub:
             except zmq.Again:
                 return
             self.core.handle([p.bytes for p in parts[:-1]], parts[-1], now, self._caller(parts[-1]))
+
+    def _export(self, now: float) -> None:
+        if self.exporter is None or now < self._next_export:
+            return
+        self._next_export = now + EXPORT_S
+        samples = prometheus_samples(self.core, now)
+        samples.append(Sample("unsent_replies", self.unsent, "counter", doc="replies dropped (peer gone or full)"))
+        self.exporter.publish(samples)
 
     def _caller(self, frame: zmq.Frame) -> Caller | None:
         """The role (ZAP User-Id) and name (X-Name metadata) of the connection that sent `frame`."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.prometheus import Sample
 from asyncrl.records import SampleState
 
 if TYPE_CHECKING:
@@ -61,6 +62,24 @@ def accounting(core: HubCore) -> dict[str, int]:
         "rejected_frames": core.counters["rejected_frames"],
         "lost": counts.lost,
     }
+
+
+_ACCOUNTING_COUNTERS = ("submitted", "trained", "dropped_stale", "failed")  # only grow; in_flight and lost move
+_GAUGES = ("policy_version", "queued_prompts", "leases", "ready_groups", "awaiting_score", "committed_step")
+
+
+def prometheus_samples(core: HubCore, now: float) -> list[Sample]:
+    """The hub's accounting, request counters (rejected, refused, ...) and queue depths for Prometheus."""
+    stats = hub_stats(core, now)
+    out = [Sample(f"samples_{k}", v, "counter", doc=f"samples {k} (accounting)") for k, v in stats["accounting"].items()
+           if k in _ACCOUNTING_COUNTERS]
+    out += [Sample("samples_in_flight", stats["accounting"]["in_flight"], doc="samples in a live state"),
+            Sample("samples_lost", stats["accounting"]["lost"], doc="samples unaccounted for (must be 0)")]
+    out += [Sample(k, v, "counter", doc=f"hub {k} since the hub process started") for k, v in stats["hub"].items()]
+    out += [Sample("rejected_frames_by_kind", v, "counter", (("kind", k),), "rejected frames by reason")
+            for k, v in stats["rejected"].items()]
+    out += [Sample(k, float(stats[k])) for k in _GAUGES]
+    return out
 
 
 def _log_stats(core: HubCore) -> dict[str, Any]:

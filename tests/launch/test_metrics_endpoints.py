@@ -1,0 +1,39 @@
+"""run.json lists the Prometheus endpoints the launcher chose; the hub is told its port; launch.* switches."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.config.launch import LaunchConfig
+from asyncrl.config.run import load_run_config
+from asyncrl.prometheus import url_port
+from asyncrl.rundir import read_run_json
+from launch.placement import Placement
+from launch.supervisor import Supervisor
+
+PLACEMENT = Placement(learner=["cpu"], generators=["cpu"], weight_paths=["gloo"])
+
+
+def test_run_json_lists_loopback_metrics_endpoints_and_the_hub_gets_its_port(tmp_path):
+    sup = Supervisor(load_run_config(None, []), tmp_path, resume=False, placement=PLACEMENT)
+    sup._write_run_json()
+    endpoints = read_run_json(tmp_path)["metrics_endpoints"]
+    assert set(endpoints) == {"hub", "learner"}
+    assert all(u.startswith("http://127.0.0.1:") and u.endswith("/metrics") for u in endpoints.values())
+    assert url_port(endpoints["hub"]) != url_port(endpoints["learner"])
+    hub = next(s for s in sup.specs() if s.name == "replay")
+    assert hub.args[hub.args.index("--metrics-port") + 1] == str(url_port(endpoints["hub"]))
+
+
+def test_prometheus_off_lists_nothing_and_starts_no_exporter(tmp_path):
+    sup = Supervisor(load_run_config(None, ["launch.prometheus=false"]), tmp_path, resume=False, placement=PLACEMENT)
+    sup._write_run_json()
+    assert read_run_json(tmp_path)["metrics_endpoints"] == {}
+    assert "--metrics-port" not in next(s for s in sup.specs() if s.name == "replay").args
+
+
+def test_wandb_project_without_wandb_names_the_key_and_the_fix(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "wandb" else object())
+    with pytest.raises(ValueError, match=r"launch.wandb_project='p'.*pip install wandb.*wandb_project=\"\""):
+        LaunchConfig(wandb_project="p")
+    assert LaunchConfig(wandb_project="").wandb_project == ""
