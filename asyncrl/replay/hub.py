@@ -81,15 +81,14 @@ class Hub:
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.endpoint = _bind(self.sock, endpoint)
         self.raw = zmq.Socket.shadow(self.sock.underlying)  # sync view: drain/send without awaiting
-        self._running = False
+        self._running = True  # until stop(): a stop() before serve() starts must still end it
         self._next_tick = 0.0
         self.unsent = 0  # replies dropped because a peer's queue was full or it was gone
         self.exporter = PrometheusExporter("asyncrl_hub", metrics_port) if metrics_port is not None else None
         self._next_export = 0.0
 
     async def serve(self) -> None:
-        """Serve until `stop()`."""
-        self._running = True
+        """Serve until `stop()` (at once if it was already called)."""
         log.info("replay hub serving on %s", self.endpoint)
         while self._running:
             # ZMQ_FD is edge-triggered: reading ZMQ_EVENTS re-arms it after our sends and receives,
