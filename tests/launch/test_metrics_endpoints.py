@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from asyncrl.config.launch import LaunchConfig
@@ -12,6 +14,12 @@ from launch.placement import Placement
 from launch.supervisor import Supervisor
 
 PLACEMENT = Placement(learner=["cpu"], generators=["cpu"], weight_paths=["gloo"])
+
+
+@pytest.fixture(autouse=True)
+def own_environ(monkeypatch):
+    """The Supervisor puts the launcher's credentials in os.environ: keep them out of later tests' peers."""
+    monkeypatch.setattr(os, "environ", dict(os.environ))
 
 
 def test_run_json_lists_loopback_metrics_endpoints_and_the_hub_gets_its_port(tmp_path):
