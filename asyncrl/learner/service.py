@@ -78,6 +78,8 @@ class LearnerService:
                                    pause_mode=cfg.generator.inflight_update,
                                    master_address=cfg.launch.host,
                                    secret=RunSecret.load(self.run_dir)) if self.rank == 0 else None
+        if self.sender is not None:
+            self.sender.give_up = stop.is_set  # nor for generators that died with the launcher
         self.metrics = MetricsWriter(self.run_dir, metrics_port, cfg.launch.wandb_project,
                                      wandb_config=dataclasses.asdict(cfg)) if self.rank == 0 else None
         self.timeline = Timeline(self.run_dir, name)

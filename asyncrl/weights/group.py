@@ -132,11 +132,14 @@ class WeightGroup:
         except Exception as e:
             raise WeightGroupError(f"weight group {self.group_name!r}: broadcast failed: {e}") from e
 
-    def wait(self, work: Any, timeout_s: float) -> None:
-        """Block until `work` is done; WeightGroupError on failure or after `timeout_s`."""
+    def wait(self, work: Any, timeout_s: float, give_up: Callable[[], bool] | None = None) -> None:
+        """Block until `work` is done; WeightGroupError on failure, after `timeout_s`, or as soon as `give_up()`
+        (e.g. the learner is stopping: a peer that died with the launcher is not waited for)."""
         deadline = time.monotonic() + timeout_s
         pause = 1e-4
         while not work.is_completed():
+            if give_up is not None and give_up():
+                raise WeightGroupError(f"weight group {self.group_name!r} rank {self.rank}: stopping, not waiting")
             if time.monotonic() > deadline:
                 raise WeightGroupError(f"weight group {self.group_name!r} rank {self.rank}/{self.world_size}: broadcast "
                                        f"timed out after {timeout_s:.1f}s (a peer is gone or never posted its side)")

@@ -80,6 +80,7 @@ class WeightSender:
         self._members: dict[str, Member] = {}
         self._joins: dict[str, tuple[bytes, WeightJoin]] = {}
         self._incarnation = secrets.token_hex(4)  # group names never repeat across learner restarts
+        self.give_up: Callable[[], bool] = lambda: False  # e.g. the learner's stop flag: waits end at once
         self._group_count = 0
         self.rejected = Rejections("weight sender")
         # An authenticating socket gets a context of its own: ZAP's handler is one per context.
@@ -273,7 +274,7 @@ class WeightSender:
                     torch.cuda.set_device(self.device)  # a new thread starts on cuda:0
                 group = WeightGroup(store, group_name=name, rank=0, world_size=world, backend=backend,
                                     timeout_s=self.timeout_s)
-                transport = BroadcastTransport(group, self.timeout_s)
+                transport = BroadcastTransport(group, self.timeout_s, give_up=lambda: self.give_up())
             except Exception as e:
                 m.build["error"] = str(e)
                 return
@@ -368,9 +369,10 @@ class WeightSender:
                     report.per_generator[m.name] = {k: float(v) for k, v in ack.info.items()
                                                     if k.endswith("_s") and isinstance(v, int | float)}
             left = deadline - time.monotonic()
-            if waiting and left <= 0:
+            if waiting and (left <= 0 or self.give_up()):
+                why = "the learner is stopping" if left > 0 else f"within {self.timeout_s:.1f}s"
                 for m in waiting.values():
-                    self._drop(m, f"no {stage} ack within {self.timeout_s:.1f}s", report)
+                    self._drop(m, f"no {stage} ack {why}", report)
                 break
             if waiting:
                 self._pump(min(left, 0.05))

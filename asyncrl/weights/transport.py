@@ -22,6 +22,7 @@ Generator: `flat = transport.recv(bucket, device)` blocks until the bytes are th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -69,8 +70,8 @@ class DirectReceiver(Protocol):
 class _Broadcasting:
     handle = None
 
-    def __init__(self, group: WeightGroup, flat: torch.Tensor):
-        self._group, self._keep = group, flat
+    def __init__(self, group: WeightGroup, flat: torch.Tensor, give_up: Callable[[], bool] | None):
+        self._group, self._keep, self._give_up = group, flat, give_up
         self._work: Any = None
 
     def launch(self) -> None:
@@ -79,19 +80,20 @@ class _Broadcasting:
     def wait(self, timeout_s: float) -> None:
         if self._work is None:
             raise RuntimeError("wait() before launch(): announce the bucket, then launch, then wait")
-        self._group.wait(self._work, timeout_s)
+        self._group.wait(self._work, timeout_s, self._give_up)
         self._keep = None
 
 
 class BroadcastTransport:
-    def __init__(self, group: WeightGroup, timeout_s: float):
-        self.group, self.timeout_s = group, timeout_s
+    def __init__(self, group: WeightGroup, timeout_s: float, give_up: Callable[[], bool] | None = None):
+        """give_up: polled while the sender waits for a broadcast (its owner is stopping: stop waiting)."""
+        self.group, self.timeout_s, self.give_up = group, timeout_s, give_up
         self.kind = group.backend
 
     def start(self, flat: torch.Tensor) -> Sending:
         if self.kind == "gloo" and flat.is_cuda:
             flat = flat.cpu()
-        return _Broadcasting(self.group, flat)
+        return _Broadcasting(self.group, flat, self.give_up)
 
     def recv(self, bucket: WeightBucket, device: torch.device) -> torch.Tensor:
         on = torch.device("cpu") if self.kind == "gloo" else device

@@ -46,6 +46,9 @@ def test_wait_times_out_when_nobody_joins_the_broadcast():
 
     with pytest.raises(WeightGroupError, match="timed out"):
         group.wait(Never(), 0.05)
+    stopping = iter([False, False, True])  # the owner starts stopping while it waits
+    with pytest.raises(WeightGroupError, match="stopping"):
+        group.wait(Never(), 600.0, give_up=lambda: next(stopping))  # returns at once, not after 600 s
     group.close()
     group.close()  # idempotent
 
