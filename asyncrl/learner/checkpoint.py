@@ -116,7 +116,7 @@ class CheckpointWriter:
         fsdp.barrier()
         if info.rank == 0:
             state = self._stage({"model.pt": msd, "optimizer.pt": osd, "scheduler.pt": scheduler.state_dict()},
-                                clone=not multi)
+                                clone=not multi)  # the keys `reserve` allocates under
             meta = {"step": step, "policy_version": policy_version, "extra": extra, "world_size": info.world_size}
             job = (state, meta, tmp, root / f"step-{step:08d}", keep)
             if background:
@@ -151,41 +151,35 @@ class CheckpointWriter:
             self._thread.join()
             self._thread = None
 
-    def reserve(self, state: dict[str, Any]) -> None:
-        """Allocate the pinned staging buffers for `state` now (pinning ~6 GB takes seconds), so that the first
-        checkpoint in the middle of a run does not pay for it. Rank 0, one rank only."""
-        def walk(obj: Any, key: str) -> None:
-            if isinstance(obj, torch.Tensor) and obj.is_cuda and key not in self._pinned:
-                self._pinned[key] = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
-            elif isinstance(obj, dict):
-                for k, v in obj.items():
-                    walk(v, f"{key}/{k}")
-            elif isinstance(obj, (list, tuple)):
-                for i, v in enumerate(obj):
-                    walk(v, f"{key}/{i}")
-        walk(state, "")
+    def reserve(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """One process on GPU: allocate the pinned staging buffers of `save` now (pinning ~6 GB takes seconds),
+        so that the first checkpoint in the middle of a run does not pay for it. Call once the optimizer has
+        state (after the first step). Several ranks stage nothing (rank 0 gets CPU copies), so it is a no-op."""
+        info = fsdp.dist_info()
+        if info.device.type != "cuda" or info.world_size > 1:
+            return
+        msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+        _map_tensors({"model.pt": msd, "optimizer.pt": osd}, "", self._buffer)
 
-    def _stage(self, obj: Any, clone: bool, key: str = "") -> Any:
+    def _stage(self, obj: Any, clone: bool) -> Any:
         """Host copies of a state dict: device tensors into pinned buffers kept for the next save (one DMA
         copy each, then one sync); host tensors cloned when they are views of the live state."""
-        out = self._stage_tree(obj, clone, key)
+        def copy(key: str, t: torch.Tensor) -> torch.Tensor:
+            if not t.is_cuda:
+                return t.detach().clone() if clone else t
+            return self._buffer(key, t).copy_(t.detach(), non_blocking=True)
+
+        out = _map_tensors(obj, "", copy)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.current_stream().synchronize()
         return out
 
-    def _stage_tree(self, obj: Any, clone: bool, key: str) -> Any:
-        if isinstance(obj, torch.Tensor):
-            if not obj.is_cuda:
-                return obj.detach().clone() if clone else obj
-            buf = self._pinned.get(key)
-            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
-                buf = self._pinned[key] = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
-            return buf.copy_(obj.detach(), non_blocking=True)
-        if isinstance(obj, dict):
-            return {k: self._stage_tree(v, clone, f"{key}/{k}") for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self._stage_tree(v, clone, f"{key}/{i}") for i, v in enumerate(obj))
-        return obj
+    def _buffer(self, key: str, t: torch.Tensor) -> torch.Tensor:
+        """The pinned host buffer for the device tensor at `key` (allocated on first use, or on a new shape)."""
+        buf = self._pinned.get(key)
+        if t.is_cuda and (buf is None or buf.shape != t.shape or buf.dtype != t.dtype):
+            buf = self._pinned[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return buf
 
     def _run(self, state: dict[str, Any], meta: dict[str, Any], tmp: Path, final: Path, keep: int) -> None:
         """Disk only (the state is already in host memory): write, fsync, rename, prune."""
@@ -226,6 +220,18 @@ def load_checkpoint(path: str | Path, *, model: nn.Module, optimizer: torch.opti
     if rng.is_file():
         set_rng_state(torch.load(rng, weights_only=True))
     return meta
+
+
+def _map_tensors(obj: Any, key: str, fn: Any) -> Any:
+    """Rebuild a nested state dict with fn(key, tensor) for every tensor; keys are "/"-joined paths, the same
+    for every save of one model, so staging buffers can be found again."""
+    if isinstance(obj, torch.Tensor):
+        return fn(key, obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, f"{key}/{k}", fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(v, f"{key}/{i}", fn) for i, v in enumerate(obj))
+    return obj
 
 
 def rng_state() -> dict[str, Any]:

@@ -228,14 +228,9 @@ class Trainer:
         return Path(run_dir) / "checkpoints" / f"step-{self.step:08d}" if taken else None
 
     def reserve_checkpoint_buffers(self) -> None:
-        """One rank on GPU: allocate the checkpoint's pinned host buffers now (call once the optimizer has
-        state, i.e. after the first step) instead of inside the first checkpoint's stall."""
-        if self.dist.device.type != "cuda" or self.dist.world_size > 1:
-            return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        msd, osd = get_state_dict(self.policy, self.optimizer, options=StateDictOptions(full_state_dict=True))
-        self.checkpoints.reserve({"model.pt": msd, "optimizer.pt": osd})
+        """Allocate the checkpoint's pinned host buffers now (call after the first step) instead of inside
+        the first checkpoint's stall (collective-free; a no-op off GPU or with several ranks)."""
+        self.checkpoints.reserve(self.policy, self.optimizer)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore a checkpoint (collective); returns its `extra` dict (e.g. the hub's commit point)."""
