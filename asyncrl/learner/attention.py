@@ -63,9 +63,17 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_le
             if _gqa_native:  # worked before: a real error
                 raise
             _gqa_native = False
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    k, v = _expand_kv(k, v, q.shape[1])
     return _VarlenFlash.apply(q, k, v, cu_seqlens, max_len, scale)
+
+
+def _expand_kv(k: Tensor, v: Tensor, q_heads: int) -> tuple[Tensor, Tensor]:
+    """GQA without kernel support: repeat each kv head for its group of query heads. Heads are dim 1 in
+    both layouts used here ([T, H, D] and [B, H, T, D])."""
+    rep = q_heads // k.shape[1]
+    if rep == 1:
+        return k, v
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
 
 def _has_flash() -> bool:
@@ -74,9 +82,7 @@ def _has_flash() -> bool:
 
 def _per_sequence(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float) -> Tensor:
     """The same function as a loop of causal SDPA calls, one per sequence (CPU and fallback)."""
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    k, v = _expand_kv(k, v, q.shape[1])
     bounds = cu_seqlens.tolist()
     outs = []
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -105,9 +111,7 @@ def _hf_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Te
 
 def _plain_causal(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
     """[B, Hq, T, D], [B, Hkv, T, D] -> [B, T, Hq, D], causal, or under a given 4-D mask."""
-    rep = query.shape[1] // key.shape[1]
-    if rep > 1:
-        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    key, value = _expand_kv(key, value, query.shape[1])
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=mask is None, scale=scale)
     return out.transpose(1, 2)
