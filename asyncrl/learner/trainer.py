@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.profiler import record_function as stage  # named ranges in bench.learner --profile; ~free otherwise
 
 from asyncrl import records
 from asyncrl.learner import advantages as adv
@@ -85,19 +86,24 @@ class Trainer:
         """One learner step on `batch` (the same whole batch on every rank). Returns metrics, identical on
         every rank."""
         t0 = time.perf_counter()
-        prep = prepare_batch(batch, self.cfg, self.dist.rank, self.dist.world_size, self.version)
-        for mb in self._micro_batches(prep):
-            mb.to(self.dist.device)
-        self._old_pass(prep)
+        with stage("prepare"):
+            prep = prepare_batch(batch, self.cfg, self.dist.rank, self.dist.world_size, self.version)
+        with stage("to_device"):
+            for mb in self._micro_batches(prep):
+                mb.to(self.dist.device)
+        with stage("old_pass"):
+            self._old_pass(prep)
         if adv.is_token_level(self.cfg.algorithm):
             self._token_advantages(prep)
         stats = StepStats(self.dist.device)
-        grad_norms = self._update(prep, stats)
+        with stage("update"):
+            grad_norms = self._update(prep, stats)
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         self.version += 1
         self.step = batch.step
-        metrics = {**prep.metrics, **stats.reduce(len(prep.mini_batches))}
+        with stage("stats"):
+            metrics = {**prep.metrics, **stats.reduce(len(prep.mini_batches))}
         metrics.update(grad_norm=max(grad_norms, default=0.0), lr=lr, optimizer_steps=float(len(grad_norms)),
                        policy_version=float(self.version), step_time_s=time.perf_counter() - t0)
         return metrics
@@ -180,13 +186,15 @@ class Trainer:
             for i, mb in enumerate(mbs):
                 fsdp.accumulating(self.policy, last=i == len(mbs) - 1)
                 self._backward(mb, stats)
-            grad_norms.append(clip_grad_norm(self.policy.parameters(), self.cfg.max_grad_norm))
-            self.optimizer.step()
+            with stage("optimizer"):
+                grad_norms.append(clip_grad_norm(self.policy.parameters(), self.cfg.max_grad_norm))
+                self.optimizer.step()
         return grad_norms
 
     def _backward(self, mb: MicroBatch, stats: StepStats) -> None:
         cfg = self.cfg
-        logp, entropy, values = self._forward(self.policy, mb)
+        with stage("forward"):
+            logp, entropy, values = self._forward(self.policy, mb)
         if mb.old_logp is None:  # proximal = these weights (one mini-batch): this forward's own logprobs
             mb.old_logp = logp.detach()
             self._set_importance(mb)
@@ -205,7 +213,8 @@ class Trainer:
             terms["value_loss"] = losses.aggregate(vl, mb.agg_weights)
             stats.add_masked_sum("value_clip_frac", vclipped, mb.mask)
         loss = losses.aggregate(token_loss, mb.agg_weights)
-        (loss * self.dist.world_size).backward()
+        with stage("backward"):
+            (loss * self.dist.world_size).backward()
         stats.add_terms({"loss": loss, **terms})
         stats.add_tokens(mb, entropy, clipped)
 
