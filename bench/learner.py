@@ -16,8 +16,10 @@ forward with labels (HF's own loss) and backward, no optimizer step. FLOPs and M
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 
 from asyncrl import records
-from bench import flops
+from bench import flops, trace_gaps
 
 SHAPE_DEFAULTS = {"tiny": (64, 63), "0.5b": (256, 256), "1.5b": (256, 256)}  # samples, response tokens
 
@@ -89,7 +91,8 @@ def time_learner(path: str, batch: records.Batch, device: torch.device, args: ar
 
 
 def profile_step(trainer, batch: records.Batch, device: torch.device, out: str) -> None:
-    """One more step under torch.profiler; the top ops by device time (and host time) to `out`."""
+    """One more step under torch.profiler: where the GPU waited (bench/trace_gaps.py) and the top ops by device
+    time (and host time) to `out`; the Chrome trace to `out`.trace.json.gz."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -98,7 +101,14 @@ def profile_step(trainer, batch: records.Batch, device: torch.device, out: str) 
         sync(device)
     events = prof.key_averages()
     key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    trace = out + ".trace.json"
+    prof.export_chrome_trace(trace)
+    gaps = trace_gaps.summarize(trace_gaps.load(trace)) if device.type == "cuda" else ""
+    with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(trace)
     with open(out, "w") as f:
+        f.write(gaps)
         f.write(events.table(sort_by=key, row_limit=40, max_name_column_width=60))
         f.write(events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
 

@@ -26,45 +26,79 @@ from torch import Tensor
 
 NAME = "asyncrl_varlen"
 _gqa_native: bool | None = None  # whether the flash kernel takes fewer kv heads (probed once)
+_flash_ok: bool | None = None  # whether the build has the flash kernel (asked once)
 
 
-class _VarlenFlash(torch.autograd.Function):
-    """Causal varlen FlashAttention with its own backward (no dropout)."""
+# The kernel pair as torch custom ops with a registered backward: torch.compile traces through them (no graph
+# break per layer), so Inductor fuses rotary and the [1, H, T, D] -> [T, H, D] layout change into the kernels
+# that feed attention, and each compiled decoder layer is one graph forward and one backward.
+@torch.library.custom_op("asyncrl::flash_varlen_fwd", mutates_args=(), device_types="cuda")
+def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    """Causal, no dropout -> (out [T, Hq, D], logsumexp [Hq, T] fp32)."""
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
+                                                           scale=scale)
+    return out, lse
 
-    @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
-        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
-        ctx.max_len, ctx.scale = max_len, scale
-        return out
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
-        dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            grad_out.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_len, ctx.max_len, 0.0, True, rng, unused,
-            scale=ctx.scale)
-        return dq, dk, dv, None, None, None
+@_flash_fwd.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
+                                                           scale=scale)  # torch's own shape rules (meta kernel)
+    return out, lse
+
+
+@torch.library.custom_op("asyncrl::flash_varlen_bwd", mutates_args=(), device_types="cuda")
+def _flash_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu: Tensor, max_len: int,
+               scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    no_rng = torch.empty((), dtype=torch.long)  # the philox seed/offset are read only with dropout
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(
+        dout, q, k, v, out, lse, cu, cu, max_len, max_len, 0.0, True, no_rng, no_rng, scale=scale)
+    return dq, dk, dv
+
+
+@_flash_bwd.register_fake
+def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu: Tensor, max_len: int,
+      scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _flash_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, cu, max_len, scale = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu)
+    ctx.max_len, ctx.scale = max_len, scale
+
+
+def _flash_backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
+    q, k, v, out, lse, cu = ctx.saved_tensors
+    dq, dk, dv = _flash_bwd(dout.contiguous(), q, k, v, out, lse, cu, ctx.max_len, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+_flash_fwd.register_autograd(_flash_backward, setup_context=_flash_setup)
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_len: int, scale: float) -> Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D], cu_seqlens [s + 1] int32 -> [T, Hq, D]."""
-    global _gqa_native
     if not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _has_flash()):
         return _per_sequence(q, k, v, cu_seqlens, scale)
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1 and _gqa_native is not False:
+    if not gqa_native(q.device):
+        k, v = _expand_kv(k, v, q.shape[1])
+    return _flash_fwd(q, k, v, cu_seqlens, max_len, scale)[0]
+
+
+def gqa_native(device: torch.device) -> bool:
+    """Whether the flash kernel takes fewer kv heads than query heads (probed once, eagerly: `resolve` calls
+    it before any compiled forward, so traced code only reads the answer)."""
+    global _gqa_native
+    if _gqa_native is None:
+        q = torch.zeros(4, 2, 64, device=device, dtype=torch.bfloat16)
+        cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
         try:
-            out = _VarlenFlash.apply(q, k, v, cu_seqlens, max_len, scale)
+            torch.ops.aten._flash_attention_forward(q, q[:, :1], q[:, :1], cu, cu, 4, 4, 0.0, True, False)
             _gqa_native = True
-            return out
         except RuntimeError:
-            if _gqa_native:  # worked before: a real error
-                raise
             _gqa_native = False
-    k, v = _expand_kv(k, v, q.shape[1])
-    return _VarlenFlash.apply(q, k, v, cu_seqlens, max_len, scale)
+    return _gqa_native
 
 
 def _expand_kv(k: Tensor, v: Tensor, q_heads: int) -> tuple[Tensor, Tensor]:
@@ -77,7 +111,11 @@ def _expand_kv(k: Tensor, v: Tensor, q_heads: int) -> tuple[Tensor, Tensor]:
 
 
 def _has_flash() -> bool:
-    return hasattr(torch.ops.aten, "_flash_attention_forward") and torch.backends.cuda.is_flash_attention_available()
+    """Whether this torch build has the flash kernel (asked once; traced code reads the cached answer)."""
+    global _flash_ok
+    if _flash_ok is None:
+        _flash_ok = hasattr(torch.ops.aten, "_flash_attention_forward") and torch.backends.cuda.is_flash_attention_available()
+    return _flash_ok
 
 
 def _per_sequence(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float) -> Tensor:
@@ -92,7 +130,6 @@ def _per_sequence(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: fl
     return torch.cat(outs) if outs else q.new_zeros(q.shape)
 
 
-@torch.compiler.disable  # compiled decoder layers break here: the kernel call and its probe stay eager
 def _hf_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
                   attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                   **kwargs: Any) -> tuple[Tensor, None]:
@@ -139,7 +176,11 @@ def register() -> str:
 
 def resolve(name: str, device: torch.device) -> str:
     """LearnerConfig.attn_implementation -> the HF name ("auto" = "varlen")."""
-    return register() if name in ("auto", "varlen") else name
+    if name not in ("auto", "varlen"):
+        return name
+    if device.type == "cuda" and _has_flash():
+        gqa_native(device)
+    return register()
 
 
 def cu_seqlens(lengths: list[int]) -> Tensor:
