@@ -16,6 +16,9 @@ With `run_dir` the client reads the run's components from config.json; with an e
 The hub pushes a `Completion` for every scored (or failed) sample of prompts submitted here; the client
 routes them to their `Handle`. `AsyncClient` offers the same calls as coroutines (one worker thread).
 
+The hub trains on these prompts like on the run's own but counts their failures apart (``client_failed`` in
+its stats' accounting and states, not the run's ``failed``): a user's bad prompt is not a failing run.
+
 Bad input from the socket never raises into the user's program: frames that do not decode (bounded by
 `asyncrl.wire`), have the wrong type, or are Completions for no prompt of this client or for a sample
 already received are skipped and counted in `client.rejected` (by reason) with a logged reason.

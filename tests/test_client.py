@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def fake_worker(endpoint: str, stop: threading.Event) -> None:
-    """Generator + reward in one loop: each sample's response is its prompt's token ids, reward = index."""
+    """Generator + reward in one loop: each sample's response is its prompt's token ids, reward = index;
+    the reward fails every sample of a prompt whose text is "fail"."""
     with HubPeer(endpoint, "fake-gen") as peer:
         while not stop.is_set():
             lease = peer.request(R.LeaseRequest(generator="fake-gen", max_prompts=8, wait_s=0.1))
@@ -34,10 +36,14 @@ def fake_worker(endpoint: str, stop: threading.Event) -> None:
                 peer.request(R.SampleBatch(lease_id=lease.lease_id, samples=samples))
             todo = peer.request(R.ScoreRequest(worker="fake-reward", max_samples=64, wait_s=0.0))
             if todo.items:
-                peer.request(R.ScoredBatch(scored=[
-                    R.ScoredSample(sample=it.sample, reward=float(it.sample.sample_index),
-                                   components={"target": float(it.reward.target == "4")})
-                    for it in todo.items]))
+                peer.request(R.ScoredBatch(scored=[score(it) for it in todo.items]))
+
+
+def score(it: R.ToScoreItem) -> R.ScoredSample:
+    if it.sample.response_text == "fail":
+        return R.ScoredSample(sample=it.sample, reward=0.0, status=R.ScoreStatus.FAILED, reason="reward raised: boom")
+    return R.ScoredSample(sample=it.sample, reward=float(it.sample.sample_index),
+                          components={"target": float(it.reward.target == "4")})
 
 
 @pytest.fixture
@@ -66,6 +72,28 @@ def test_submit_text_tokens_and_dicts_and_get_scored_results(system):
         assert len(third) == 3 and all(s.status is R.ScoreStatus.OK for s in third)
         stats = client.stats()
     assert stats["accounting"]["submitted"] == 7 and stats["accounting"]["lost"] == 0
+
+
+def test_failed_client_prompts_are_not_the_runs_failures(system):
+    hub, _ = system
+    with asyncrl.Client(hub.endpoint) as client:
+        bad, good = client.submit(["fail", "fine"], n=2)
+        assert {s.status for s in bad.result(timeout_s=10)} == {R.ScoreStatus.FAILED}
+        assert len(good.result(timeout_s=10)) == 2
+        stats = client.stats()
+        acc = stats["accounting"]
+        assert (acc["failed"], acc["client_failed"], acc["client_submitted"], acc["submitted"]) == (0, 2, 4, 4)
+        assert stats["states"]["failed"] == 0 and stats["states"]["client_failed"] == 2
+        assert stats["events"].get("groups_failed", 0) == 0 and stats["events"]["client_groups_failed"] == 1
+        assert stats["last_failure"] == ""  # the watchdog never names a client's failure as the run's
+        with HubPeer(hub.endpoint, "feeder") as feeder:  # the run's own prompt (no watch) fails as the run's
+            feeder.request(R.SubmitPrompts(prompts=[R.Prompt(prompt_id="task-0", n=2, text="fail")]))
+            deadline = time.monotonic() + 10
+            while client.stats()["accounting"]["failed"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        stats = client.stats()
+    assert (stats["accounting"]["failed"], stats["accounting"]["client_failed"]) == (2, 2)
+    assert stats["last_failure"] == "reward raised: boom" and stats["accounting"]["lost"] == 0
 
 
 def test_completions_stream_every_sample_once(system):

@@ -57,7 +57,7 @@ class HubCore:
         self.counters = {"rejected_frames": 0, "rejected_requests": 0, "internal_errors": 0, "requests": 0,
                          "rejected_sample_batches": 0, "refused_requests": 0}
         self.auth: dict[str, int] | None = None  # connection counters of the hub's ZAP handler, when it has one
-        self.last_failure = ""  # reason of the latest sample a reward worker failed
+        self.last_failure = ""  # reason of the latest sample of the run (not a client's) a reward worker failed
         self.rejected: Counter[str] = Counter()  # rejected frames by `rejection_kind` (a fixed, small set)
         self.shutdown = False
         self.handlers: dict[type, Callable[[Envelope, Any, Any, float], Any]] = {
@@ -202,8 +202,9 @@ class HubCore:
         return self._score(msg.scores)
 
     def _score(self, results: list[R.ScoreResult]) -> R.Ack:
-        failed = [r.reason for r in results if r.status is R.ScoreStatus.FAILED]
-        if failed:  # the launcher's watchdog names it when no step is made
+        failed = [r.reason for r in results
+                  if r.status is R.ScoreStatus.FAILED and not self.state.is_client(r.prompt_id)]
+        if failed:  # the launcher's watchdog names it when no step is made (a client's failure is not the run's)
             self.last_failure = failed[-1][:300]
         out = self.journal.score(results)
         for scored in out.scored:

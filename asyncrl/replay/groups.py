@@ -40,12 +40,14 @@ class GroupEntry:
     min_versions: list[int] = field(default_factory=list)  # [n] oldest token version per sample
     scored: list[ScoredSample | None] = field(default_factory=list)  # [n], set once scored
     checked_min: int = -NEVER_STALE  # highest min_version it was pruned against (skips re-scans)
+    client: bool = False  # submitted by a client (SubmitPrompts.watch): its failures are counted apart
 
     @classmethod
-    def new(cls, prompt: Prompt) -> GroupEntry:
+    def new(cls, prompt: Prompt, client: bool = False) -> GroupEntry:
         n = prompt.n
         return cls(
             prompt=prompt,
+            client=client,
             states=[SampleState.QUEUED] * n,
             samples=[None] * n,
             min_versions=[NEVER_STALE] * n,

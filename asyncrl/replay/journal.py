@@ -97,7 +97,7 @@ class Journal:
     # -- logged mutations (same signatures as HubState, plus the raw frame where one exists)
 
     def submit(self, frame: bytes | memoryview, msg: R.SubmitPrompts) -> list[str]:
-        ids = self.state.submit(msg.prompts)
+        ids = self.state.submit(msg.prompts, client=msg.watch)
         self._log_frame("submit", frame)
         return ids
 
@@ -211,7 +211,8 @@ def apply(state: HubState, record: list[Any]) -> None:
     """Re-apply one logged mutation to `state` (log replay)."""
     kind, *args = record
     if kind == "submit":
-        state.submit(wire.decode(args[0]).prompts)
+        msg = wire.decode(args[0])
+        state.submit(msg.prompts, client=msg.watch)
     elif kind == "grant":
         state.grant(*args)
     elif kind == "samples":

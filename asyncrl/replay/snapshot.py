@@ -1,9 +1,9 @@
 """Snapshots of the replay hub's state: a whole `HubState` as one checksummed msgpack record on disk.
 
-A snapshot holds the live state only (queue, leases, groups with their samples and scores, delivered
-batches, counters, version), never the history that led to it, so its size follows what is in flight,
-not how long the run has gone on. `Journal` writes one when it starts a new log segment and loads the
-newest valid one on resume (see `asyncrl.replay.journal`).
+A snapshot holds the live state only (queue, leases, groups with their samples, scores and client flag,
+delivered batches, counters including the client prompts' own, version), never the history that led to
+it, so its size follows what is in flight, not how long the run has gone on. `Journal` writes one when it
+starts a new log segment and loads the newest valid one on resume (see `asyncrl.replay.journal`).
 
 File: one record in the log format of `asyncrl.replay.log` (``[length][crc32][payload]``), the payload
 being `wire.encode_record` of a plain map. Prompts are kept as their wire frames (`wire.encode`), samples
@@ -79,7 +79,8 @@ def encode_state(st: HubState, segment: int) -> bytes:
     return wire.encode_record({
         "format": FORMAT,
         "segment": segment,
-        "counts": [counts.submitted, {s.value: n for s, n in counts.by_state.items()}, dict(counts.transitions)],
+        "counts": [counts.submitted, {s.value: n for s, n in counts.by_state.items()}, dict(counts.transitions),
+                   counts.client_submitted, counts.client_failed],
         "groups": [_pack_group(g) for g in st.groups.values()],
         "queue": list(st.queue),
         "ready": list(st.ready),
@@ -94,7 +95,7 @@ def encode_state(st: HubState, segment: int) -> bytes:
 
 def _pack_group(g: GroupEntry) -> list[Any]:
     return [wire.encode(g.prompt), g.phase.value, g.lease_id, [s.value for s in g.states], g.min_versions,
-            g.checked_min, [_pack_sample(s) for s in g.samples], [_pack_scored(sc) for sc in g.scored]]
+            g.checked_min, [_pack_sample(s) for s in g.samples], [_pack_scored(sc) for sc in g.scored], g.client]
 
 
 def _pack_sample(s: wire.PackedSample | R.Sample | None) -> list[Any] | None:
@@ -118,8 +119,9 @@ def decode_state(data: bytes) -> tuple[HubState, int]:
     if type(d) is not dict or d.get("format") != FORMAT:
         raise SnapshotInvalid(f"snapshot format {d.get('format') if type(d) is dict else None!r} != {FORMAT}")
     st = HubState()
-    submitted, by_state, transitions = d["counts"]
+    submitted, by_state, transitions, *client = d["counts"]  # client counts: absent in older snapshots
     st.counts.submitted = submitted
+    st.counts.client_submitted, st.counts.client_failed = client or (0, 0)
     st.counts.by_state = {s: by_state[s.value] for s in S}
     st.counts.transitions = Counter(transitions)
     for packed in d["groups"]:
@@ -136,12 +138,12 @@ def decode_state(data: bytes) -> tuple[HubState, int]:
 
 
 def _unpack_group(v: list[Any]) -> GroupEntry:
-    prompt_frame, phase, lease_id, states, min_versions, checked_min, samples, scored = v
+    prompt_frame, phase, lease_id, states, min_versions, checked_min, samples, scored, *client = v
     prompt = wire.decode(prompt_frame)
     if type(prompt) is not R.Prompt:
         raise SnapshotInvalid(f"a group's prompt is a {type(prompt).__name__}")
     g = GroupEntry(prompt=prompt, phase=Phase(phase), lease_id=lease_id, states=[S(s) for s in states],
-                   min_versions=list(min_versions), checked_min=checked_min)
+                   min_versions=list(min_versions), checked_min=checked_min, client=bool(client and client[0]))
     g.samples = [None if s is None else wire.PackedSample(prompt.prompt_id, i, s[1], s[0], s[2])
                  for i, s in enumerate(samples)]
     g.scored = [None if sc is None else _unpack_scored(g.samples[i], sc) for i, sc in enumerate(scored)]

@@ -13,6 +13,11 @@ Admission (AReaL): a prompt is leased only while ``admitted < (max_staleness + v
 prompts_per_step`` where ``admitted`` = accepted (ready, delivered or trained groups) + running (leased
 or generated, not yet in a batch). Groups that end failed or wholly stale leave ``admitted`` so they
 never block admission. Sample accounting lives in `SampleCounts` (checked after every mutation).
+
+Client prompts (`submit(..., client=True)`: a `SubmitPrompts` with `watch`, as `asyncrl.Client` sends) are
+leased, scored and trained like the run's own, but their failed samples count as `client_failed` and their
+failed groups and prompts as the events ``client_groups_failed`` / ``client_prompts_failed``, never as the
+run's failures (see `asyncrl.replay.counts`).
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ class HubState:
         """Samples waiting for a score, oldest prompt first (used to rebuild dispatch after a restart)."""
         return [(pid, i) for pid, g in self.groups.items() for i in g.indices(S.GENERATED)]
 
+    def is_client(self, prompt_id: str) -> bool:
+        """Whether a live prompt was submitted by a client."""
+        g = self.groups.get(prompt_id)
+        return g is not None and g.client
+
     def sample(self, prompt_id: str, index: int) -> GroupEntry | None:
         """The group of a sample that waits for its score, else None."""
         g = self.groups.get(prompt_id)
@@ -83,8 +93,9 @@ class HubState:
 
     # ----------------------------------------------------------------------------------- mutations
 
-    def submit(self, prompts: list[Prompt]) -> list[str]:
-        """Queue prompts (all or none). A prompt without an id gets "p<seq>"."""
+    def submit(self, prompts: list[Prompt], client: bool = False) -> list[str]:
+        """Queue prompts (all or none). A prompt without an id gets "p<seq>". `client`: sent by a client
+        (its outcomes are counted apart from the run's)."""
         empty = next((p for p in prompts if _is_empty(p)), None)
         if empty is not None:
             raise ValueError(f"prompt {empty.prompt_id!r} is empty (no token_ids and no text): nothing to generate from")
@@ -97,9 +108,9 @@ class HubState:
                 self.prompts_seq += 1
                 p.prompt_id = f"p{self.prompts_seq}"
                 assert p.prompt_id not in self.groups, f"generated prompt id {p.prompt_id} collides"
-            self.groups[p.prompt_id] = GroupEntry.new(p)
+            self.groups[p.prompt_id] = GroupEntry.new(p, client)
             self.queue.append(p.prompt_id)
-            self.counts.add(p.n)
+            self.counts.add(p.n, client)
         self._bump("prompts_submitted", len(prompts))
         self._check()
         return [p.prompt_id for p in prompts]
@@ -174,7 +185,7 @@ class HubState:
             self.leases.release(lease_id, pid)
             if g.is_complete():  # else its generated samples still wait for scores
                 self._complete(g)
-        self._bump("prompts_failed", len(failed))
+            self._bump(_failure_event(g, "prompts_failed"), 1)
         self._check()
         return len(failed)
 
@@ -308,7 +319,7 @@ class HubState:
             g.phase = Phase.READY
             self.ready[g.prompt.prompt_id] = None
         else:
-            self._forget(g, "groups_failed")
+            self._forget(g, _failure_event(g, "groups_failed"))
 
     def _forget(self, g: GroupEntry, event: str) -> None:
         del self.groups[g.prompt.prompt_id]
@@ -322,7 +333,7 @@ class HubState:
     def _set(self, g: GroupEntry, i: int, src: SampleState, dst: SampleState) -> None:
         assert g.states[i] is src, f"{g.prompt.prompt_id}[{i}] is {g.states[i]}, not {src}"
         g.states[i] = dst
-        self.counts.move(src, dst)
+        self.counts.move(src, dst, client=g.client)
 
     def _count_rejects(self, what: str, rejected: Counter[str]) -> None:
         for reason, n in rejected.items():
@@ -336,6 +347,11 @@ class HubState:
     def _check(self) -> None:
         self.counts.check()
         assert self.admitted >= 0, f"admitted={self.admitted} < 0"
+
+
+def _failure_event(g: GroupEntry, event: str) -> str:
+    """The event a failure of `g` counts under: the client's own for client prompts."""
+    return f"client_{event}" if g.client else event
 
 
 def _oldest_version(s: PackedSample | Sample) -> int:

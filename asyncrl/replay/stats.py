@@ -1,7 +1,13 @@
 """The hub's `Stats` counters: sample states, transitions, queue depths, accounting, peers.
 
 ``accounting`` is the one-look health check: every sample ever submitted is trained, dropped
-(stale), failed, or still in a live state; ``lost`` must be 0.
+(stale), failed, or still in a live state; ``lost`` must be 0:
+
+    submitted == trained + dropped_stale + failed + client_failed + in_flight + lost
+
+Samples of client prompts (`asyncrl.Client`) are trained like the run's own and counted in ``submitted``
+(``client_submitted`` of them); those that fail are ``client_failed``, never the run's ``failed``, in
+``accounting`` and in ``states`` alike, so a user's bad prompt does not read as a failing run.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ def hub_stats(core: HubCore, now: float) -> dict[str, Any]:
     counts = st.counts
     events = dict(st.events)
     return {
-        "states": counts.snapshot(),
+        "states": counts.run_states(),
         "transitions": dict(counts.transitions),
         "events": events,
         "policy_version": st.version,
@@ -54,9 +60,11 @@ def accounting(core: HubCore) -> dict[str, int]:
     by = counts.by_state
     return {
         "submitted": counts.submitted,
+        "client_submitted": counts.client_submitted,
         "trained": by[SampleState.TRAINED],
         "dropped_stale": by[SampleState.DROPPED],
-        "failed": by[SampleState.FAILED],
+        "failed": counts.run_failed,
+        "client_failed": counts.client_failed,
         "in_flight": sum(by[s] for s in (SampleState.QUEUED, SampleState.LEASED, SampleState.GENERATED,
                                          SampleState.SCORED, SampleState.DELIVERED)),
         "rejected_frames": core.counters["rejected_frames"],
@@ -64,7 +72,8 @@ def accounting(core: HubCore) -> dict[str, int]:
     }
 
 
-_ACCOUNTING_COUNTERS = ("submitted", "trained", "dropped_stale", "failed")  # only grow; in_flight and lost move
+_ACCOUNTING_COUNTERS = ("submitted", "client_submitted", "trained", "dropped_stale", "failed",
+                        "client_failed")  # only grow; in_flight and lost move
 _GAUGES = ("policy_version", "queued_prompts", "leases", "ready_groups", "awaiting_score", "committed_step")
 
 

@@ -54,6 +54,7 @@ def fingerprint(st: HubState) -> dict[str, Any]:
                           for g in b.groups] for s, b in st.book.delivered.items()},
         "book": (st.book.last_formed, st.book.committed),
         "counts": st.counts.snapshot(), "transitions": dict(st.counts.transitions),
+        "client": (st.counts.client_submitted, st.counts.client_failed, sorted(k for k, g in st.groups.items() if g.client)),
         "events": dict(st.events), "version": st.version, "admitted": st.admitted,
         "pending_dropped": st.pending_dropped, "seq": st.prompts_seq,
     }
@@ -61,7 +62,8 @@ def fingerprint(st: HubState) -> dict[str, Any]:
 
 def scripted_run(j: Journal) -> None:
     """A run touching every logged mutation: submit, grant, samples (with rejects), return, expire,
-    score (with failures), version, prune, form, commit."""
+    score (with failures), version, prune, form, commit; then a client's prompts (one fails wholly, one
+    stays ready with a failed sample)."""
     sub = R.SubmitPrompts(prompts=[prompt("", n=2, text=f"q{i}") for i in range(6)])
     j.submit(wire.encode(sub), wire.decode(wire.encode(sub)))
     lease, ps = j.grant("g0", 3, now=100.0, ttl_s=10.0)
@@ -81,3 +83,9 @@ def scripted_run(j: Journal) -> None:
     j.form_batch(1, 2)
     j.form_batch(2, 2)
     j.commit(1)
+    csub = R.SubmitPrompts(prompts=[prompt("c0", n=2), prompt("c1", n=2)], watch=True)
+    j.submit(wire.encode(csub), wire.decode(wire.encode(csub)))
+    lease4, ps4 = j.grant("g3", 2, now=400.0, ttl_s=50.0)
+    sb4 = R.SampleBatch(lease_id=lease4.lease_id, samples=[sample(p.prompt_id, i, version=3) for p in ps4 for i in range(2)])
+    j.add_samples(wire.encode(sb4), wire.decode(wire.encode(sb4)))
+    j.score([bad("c0", 0), bad("c0", 1), ok("c1", 0), bad("c1", 1)])

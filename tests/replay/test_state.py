@@ -156,3 +156,35 @@ def test_accepted_plus_running_equals_admitted():
     st.form_batch(1, 2)
     st.commit(1)
     assert st.accepted == 4 and st.running == 1 and st.admitted == 5
+
+
+def test_client_prompt_failures_are_counted_apart_from_the_runs():
+    st = HubState()
+    st.submit([prompt("run0"), prompt("run1")])
+    st.submit([prompt("cli0"), prompt("cli1")], client=True)
+    lease, ps = st.grant("g", 4, now=0.0, ttl_s=5.0)
+    generate_all(st, lease.lease_id, ps)
+    st.score([bad("run0", 0), ok("run0", 1), ok("run1", 0), ok("run1", 1)])
+    st.score([bad("cli0", 0), bad("cli0", 1), ok("cli1", 0), bad("cli1", 1)])
+    c = st.counts
+    assert c.submitted == 8 and c.client_submitted == 4
+    assert c.by_state[S.FAILED] == 4 and c.run_failed == 1 and c.client_failed == 3
+    assert st.events["groups_failed"] == 0 and st.events["client_groups_failed"] == 1
+    states = c.run_states()
+    assert states["failed"] == 1 and states["client_failed"] == 3 and sum(states.values()) == c.submitted
+    # a client prompt's OK samples train like the run's own
+    batch = st.form_batch(1, 3)
+    assert sorted(g.prompt.prompt_id for g in batch.groups) == ["cli1", "run0", "run1"]
+    st.commit(1)
+    assert c.by_state[S.TRAINED] == 4 and c.client_failed == 3 and c.lost == 0
+
+
+def test_client_prompts_the_generator_cannot_take_are_the_clients_failures():
+    st = HubState()
+    st.submit([prompt("run0")])
+    st.submit([prompt("cli0", n=3)], client=True)
+    lease, _ = st.grant("g", 2, now=0.0, ttl_s=5.0)
+    assert st.fail_prompts(lease.lease_id, ["run0", "cli0"]) == 2
+    assert st.events["prompts_failed"] == 1 and st.events["client_prompts_failed"] == 1
+    assert st.counts.run_failed == 2 and st.counts.client_failed == 3
+    assert st.events["groups_failed"] == 1 and st.events["client_groups_failed"] == 1
