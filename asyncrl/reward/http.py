@@ -1,8 +1,18 @@
 """Remote HTTP scorer: POST {"response", "target", "params"} as JSON, read a number or a dict back.
 
-`HttpClient` is a minimal HTTP/1.1 client over asyncio streams with keep-alive connections pooled per
-host; one client is shared by every http component of a worker. `HttpReward` retries connection
-errors, timeouts, 429 and 5xx with exponential backoff; other 4xx answers fail the sample at once.
+    HttpReward (one per http component) ──post_json──► HttpClient (one per worker: one httpx pool,
+                                                       at most `max_connections` open, keep-alive)
+
+`HttpReward` bounds each attempt by `timeout_s` (connecting, waiting for a pooled connection, sending and
+reading together) and retries connection errors, timeouts, 429 and 5xx up to `retries` times, waiting
+`backoff_s`, doubled per retry; any other non-200 answer fails the sample at once. After the last
+attempt the sample fails with "gave up after N attempts" and the last error.
+
+The transport is httpx, not aiohttp: its dependencies are pure Python (h11, httpcore, anyio; aiohttp
+brings several compiled packages), it is already in the GPU image, and per-request timeouts, a bounded
+connection pool and streamed bodies are built in, so this file only holds the reward's policy. The
+client ignores proxy variables and .netrc (`trust_env=False`: reward servers are reached directly, as
+before) and verifies https against the system's trust store.
 """
 
 from __future__ import annotations
@@ -13,10 +23,12 @@ import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+
 from asyncrl.records import RewardSpec
 from asyncrl.reward.protocol import RewardValue
 
-_MAX_BODY = 16 * 1024 * 1024
+MAX_BODY = 16 * 1024 * 1024  # an answer larger than this fails the sample (a score is a few bytes)
 
 
 class HttpStatusError(RuntimeError):
@@ -26,91 +38,34 @@ class HttpStatusError(RuntimeError):
 
 
 class HttpClient:
-    """Pooled keep-alive connections; `max_connections` bounds open connections across hosts."""
+    """One keep-alive connection pool shared by the http components of a worker; at most
+    `max_connections` connections are open at once (further requests wait for one)."""
 
     def __init__(self, max_connections: int = 32) -> None:
         self.max_connections = max_connections
-        self._idle: dict[tuple[str, str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
-        self._slots: asyncio.Semaphore | None = None
+        self._client: httpx.AsyncClient | None = None  # made on first use: workers without http need none
 
-    async def post_json(self, url: str, payload: Any, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"http reward url={url!r}: expected http(s)://host[:port]/path")
-        key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        body = json.dumps(payload).encode()
-        head = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json",
-                f"Content-Length: {len(body)}", "Connection: keep-alive"]
-        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
-        self._slots = self._slots or asyncio.Semaphore(self.max_connections)
-        async with self._slots:
-            return await self._exchange(key, request)
+    async def post_json(self, url: str, payload: Any, headers: dict[str, str], timeout_s: float) -> tuple[int, bytes]:
+        """(status, body) of one POST; raises httpx.TransportError (connection, timeout) or ValueError."""
+        async with self._pool().stream("POST", url, json=payload, headers=headers,
+                                       timeout=httpx.Timeout(timeout_s)) as response:
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_BODY:
+                    raise ValueError(f"HTTP answer of more than {MAX_BODY} bytes from {url}: not a score")
+            return response.status_code, bytes(body)
 
-    async def _exchange(self, key: tuple[str, str, int], request: bytes) -> tuple[int, bytes]:
-        idle = self._idle.setdefault(key, [])
-        while idle:  # a pooled connection the server closed meanwhile fails before any answer: try the next
-            reader, writer = idle.pop()
-            try:
-                return await self._roundtrip(key, reader, writer, request)
-            except (ConnectionError, asyncio.IncompleteReadError):
-                continue
-        scheme, host, port = key
-        reader, writer = await asyncio.open_connection(host, port, ssl=ssl.create_default_context() if scheme == "https" else None)
-        return await self._roundtrip(key, reader, writer, request)
-
-    async def _roundtrip(self, key, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> tuple[int, bytes]:
-        keep = False
-        try:
-            writer.write(request)
-            await writer.drain()
-            status, headers = await _read_head(reader)
-            body = await _read_body(reader, headers)
-            keep = headers.get("connection", "").lower() != "close"
-            return status, body
-        finally:  # on any error or cancellation the connection state is unknown: close it
-            if keep:
-                self._idle[key].append((reader, writer))
-            else:
-                writer.close()
+    def _pool(self) -> httpx.AsyncClient:
+        if self._client is None:
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+            self._client = httpx.AsyncClient(limits=limits, trust_env=False, verify=ssl.create_default_context())
+        return self._client
 
     async def close(self) -> None:
-        for conns in self._idle.values():
-            for _, writer in conns:
-                writer.close()
-        self._idle.clear()
-
-
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    line = await reader.readuntil(b"\r\n")
-    try:
-        status = int(line.split()[1])
-    except (IndexError, ValueError):
-        raise ConnectionError(f"bad HTTP status line {line[:100]!r}") from None
-    headers: dict[str, str] = {}
-    while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
-        name, _, value = line.decode("latin-1").partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return status, headers
-
-
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        chunks = []
-        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            chunks.append(await reader.readexactly(size))
-            await reader.readexactly(2)
-        while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-            pass
-        return b"".join(chunks)
-    if "content-length" in headers:
-        length = int(headers["content-length"])
-        if length > _MAX_BODY:
-            raise ConnectionError(f"HTTP body of {length} bytes is over the {_MAX_BODY} byte limit")
-        return await reader.readexactly(length)
-    headers["connection"] = "close"  # body runs until the server closes
-    return await reader.read(_MAX_BODY)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
 
 class HttpReward:
@@ -125,25 +80,37 @@ class HttpReward:
         self.retries = int(options.get("retries", 2))
         self.backoff_s = float(options.get("backoff_s", 0.2))
         self.headers = {str(k): str(v) for k, v in dict(options.get("headers", {})).items()}
-        if not urlsplit(self.url).hostname or self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
-            raise ValueError(f"http reward options {options}: need a http(s) url, timeout_s > 0, retries >= 0, backoff_s >= 0")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"http reward url={self.url!r}: expected http(s)://host[:port]/path")
+        if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
+            raise ValueError(f"http reward options {options}: need timeout_s > 0, retries >= 0, backoff_s >= 0")
         self.client = client
 
     async def __call__(self, response: str, spec: RewardSpec) -> RewardValue:
         payload = {"response": response, "target": spec.target, "params": spec.params}
         for attempt in range(self.retries + 1):
             try:
-                status, body = await asyncio.wait_for(self.client.post_json(self.url, payload, self.headers), self.timeout_s)
-                if status == 200:
-                    return json.loads(body)
-                error: Exception = HttpStatusError(status, body)
-                if status != 429 and status < 500:
-                    raise error
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as e:
+                return await self._post(payload)
+            except HttpStatusError as e:
+                if e.status != 429 and e.status < 500:
+                    raise  # the server refuses this request: asking again will not change that
+                error: Exception = e
+            except (TimeoutError, httpx.TimeoutException):
+                error = TimeoutError(f"no answer within timeout_s={self.timeout_s:g} s")
+            except httpx.TransportError as e:  # refused, reset, closed mid-answer, malformed HTTP
                 error = e
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
         raise RuntimeError(f"http reward {self.url}: gave up after {self.retries + 1} attempts: {error!r}")
+
+    async def _post(self, payload: dict[str, Any]) -> RewardValue:
+        """One attempt, bounded by timeout_s as a whole: the parsed answer of a 200, else HttpStatusError."""
+        status, body = await asyncio.wait_for(
+            self.client.post_json(self.url, payload, self.headers, self.timeout_s), self.timeout_s)
+        if status != 200:
+            raise HttpStatusError(status, body)
+        return json.loads(body)
 
     async def close(self) -> None:
         pass

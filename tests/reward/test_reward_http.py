@@ -1,9 +1,14 @@
-"""The http kind against a local asyncio HTTP/1.1 server: keep-alive reuse, retry after a 500, timeouts."""
+"""The http kind against a local asyncio HTTP/1.1 server (loopback only): keep-alive reuse, retries after
+500/429, timeouts, client errors, headers, the connection limit, oversized answers."""
 
 import asyncio
 import json
 
+import pytest
+
 from asyncrl.records import ScoreStatus
+from asyncrl.reward import http
+from asyncrl.reward.http import HttpClient, HttpReward
 from asyncrl.reward.scorer import Scorer
 from reward_helpers import config, sample, spec
 
@@ -12,9 +17,11 @@ class Server:
     """Answers POST /score with {"reward": len(response)}; `script` overrides the next answers."""
 
     def __init__(self) -> None:
-        self.script: list[str] = []  # "500" | "hang" | "chunked" | "close"
+        self.script: list[str] = []  # "500" | "429" | "400" | "hang" | "slow" | "chunked" | "close"
         self.requests = 0
         self.connections = 0
+        self.busy = self.max_busy = 0  # requests being answered now / at most at once
+        self.heads: list[bytes] = []
         self.writers: list[asyncio.StreamWriter] = []
 
     async def start(self) -> str:
@@ -27,18 +34,26 @@ class Server:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
                 length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
                 body = json.loads(await reader.readexactly(length))
                 self.requests += 1
                 action = self.script.pop(0) if self.script else "ok"
+                self.busy += 1
+                self.max_busy = max(self.max_busy, self.busy)
                 if action == "hang":
                     await asyncio.sleep(30)
+                if action == "slow":
+                    await asyncio.sleep(0.1)
+                self.busy -= 1
                 out = json.dumps({"reward": len(body["response"]), "chars": len(body["response"] + body["target"])}).encode()
                 if action == "500":
                     writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops")
                 elif action == "chunked":
                     writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                                  + f"{len(out):x}\r\n".encode() + out + b"\r\n0\r\n\r\n")
+                elif action == "429":
+                    writer.write(b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 4\r\n\r\nslow")
                 elif action == "400":
                     writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 3\r\n\r\nbad")
                 else:
@@ -114,3 +129,37 @@ def test_unreachable_server_fails_the_sample():
             await scorer.close()
     out = asyncio.run(go())
     assert out.status is ScoreStatus.FAILED and "gave up" in out.reason
+
+
+def test_429_is_retried_and_headers_reach_the_server():
+    out, server = run(["429"], ["abc"], headers={"Authorization": "Bearer t0k"})
+    assert out[0].reward == 3.0 and server.requests == 2
+    assert all(b"authorization: bearer t0k" in h.lower() for h in server.heads)
+
+
+def test_connections_are_bounded_by_the_client_limit():
+    async def go():
+        server = Server()
+        url = await server.start()
+        server.script = ["slow"] * 6
+        client = HttpClient(max_connections=2)
+        reward = HttpReward({"url": url}, client, default_timeout_s=5.0)
+        try:
+            return await asyncio.gather(*(reward(t, spec("T")) for t in ["a", "bb", "ccc", "d", "ee", "fff"])), server
+        finally:
+            await client.close()
+            await server.stop()
+    out, server = asyncio.run(go())
+    assert [v["reward"] for v in out] == [1, 2, 3, 1, 2, 3]
+    assert server.connections == 2 and server.max_busy == 2 and server.requests == 6
+
+
+def test_an_oversized_answer_fails_the_sample_without_retries(monkeypatch):
+    monkeypatch.setattr(http, "MAX_BODY", 8)
+    out, server = run([], ["abc"])
+    assert out[0].status is ScoreStatus.FAILED and "more than 8 bytes" in out[0].reason and server.requests == 1
+
+
+def test_a_url_that_is_not_http_is_refused_at_build():
+    with pytest.raises(ValueError, match=r"reward component 'rm': http reward url='ftp://h/x'"):
+        Scorer(config({"kind": "http", "name": "rm", "options": {"url": "ftp://h/x"}}))
