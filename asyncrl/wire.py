@@ -28,7 +28,7 @@ from asyncrl.wire_decode import (ARRAY_EXT, DEFAULT_MAX_FRAME_BYTES, DTYPES, MES
                                  decode, decode_packed, decode_with_raw, message_type)
 
 __all__ = ["DEFAULT_MAX_FRAME_BYTES", "MESSAGE_TYPES", "PackedSample", "WireError", "decode", "decode_packed",
-           "decode_record", "decode_with_raw", "encode", "encode_record", "log_record_parts", "message_type"]
+           "decode_with_raw", "encode", "message_type"]
 
 _CODES = {dt: code for code, dt in DTYPES.items()}
 
@@ -127,31 +127,3 @@ def _splice_keys(cls: type) -> tuple[bytes, list[tuple[str, bytes]]]:
         got = _SPLICE_KEYS[cls] = (_PACKER.pack_map_header(len(names)), [(n, _pack(n)) for n in names])
     return got
 
-
-# ------------------------------------------------------------------------------------- log records
-
-
-def encode_record(value: Any) -> bytes:
-    """Plain data (maps, lists, str, int, float, bool, None, bytes) -> msgpack, for on-disk logs.
-
-    Not a network message: no envelope, no schema check. The replay hub's log frames these itself
-    (length + crc32) and embeds network frames as bytes where it logs a whole request.
-    """
-    return msgpack.packb(value, use_bin_type=True)
-
-
-def log_record_parts(kind: str, blob: bytes | memoryview) -> list[bytes | memoryview]:
-    """``encode_record([kind, blob])`` as pieces whose concatenation is those exact bytes, with `blob`
-    itself as the last piece (not copied): how the hub logs a whole network frame."""
-    n = len(blob)
-    bin_header = (b"\xc4" + n.to_bytes(1, "big") if n < 1 << 8 else b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16
-                  else b"\xc6" + n.to_bytes(4, "big"))
-    return [_PACKER.pack_array_header(2) + _pack(kind) + bin_header, blob]
-
-
-def decode_record(data: bytes | memoryview) -> Any:
-    """Inverse of `encode_record`. Raises WireError for bytes that are not one msgpack value."""
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as e:
-        raise WireError(f"log record is not msgpack: {type(e).__name__}: {e}") from None

@@ -121,10 +121,3 @@ def test_wrong_array_dtype_and_length_mismatch_are_rejected():
 def test_oversize_frames_are_refused_before_decoding():
     with pytest.raises(wire.WireError, match="exceeds max_frame_bytes"):
         wire.decode(b"\x00" * 2000, max_frame_bytes=1024)
-
-
-def test_log_records_round_trip():
-    rec = ["samples", b"\x00\xff", 3, 1.5, {"a": [None, True]}]
-    assert wire.decode_record(wire.encode_record(rec)) == rec
-    with pytest.raises(wire.WireError):
-        wire.decode_record(b"\xc1")

@@ -1,5 +1,5 @@
 """Samples kept as their wire bytes: `decode_packed` validates like `decode`, splices are byte-identical,
-scores travel by id, and logged frames are written as they arrived."""
+and scores travel by id."""
 
 from __future__ import annotations
 
@@ -89,10 +89,3 @@ def test_scores_by_id_round_trip():
     with pytest.raises(wire.WireError, match="sample_index: expected int"):
         wire.decode(msgpack.packb({"v": 1, "t": "ScoredIds", "b": {"scores": [{"prompt_id": "p", "sample_index": "x",
                                                                              "reward": 1.0}]}}))
-
-
-@pytest.mark.parametrize("n", [0, 5, 255, 256, 65535, 65536, 70000])
-def test_log_record_parts_are_the_encoded_record(n):
-    blob = bytes(range(256)) * (n // 256) + bytes(n % 256)
-    parts = wire.log_record_parts("samples", memoryview(blob))
-    assert b"".join(parts) == wire.encode_record(["samples", blob]) and parts[-1].obj is blob

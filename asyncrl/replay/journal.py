@@ -1,8 +1,8 @@
 """`Journal`: the hub's state plus its log. Every mutation is applied, then logged with its arguments.
 
-One log record per mutation, ``[kind, *args]`` as msgpack (`asyncrl.wire.encode_record`); requests that
-carry records (SubmitPrompts, SampleBatch) are logged as the network frame they arrived in, written
-from the received buffer as it is (`wire.log_record_parts`), so the hot path never re-encodes or
+One log record per mutation, ``[kind, *args]`` as msgpack (`asyncrl.replay.journal_format`); requests
+that carry records (SubmitPrompts, SampleBatch) are logged as the network frame they arrived in, written
+from the received buffer as it is (`log_record_parts`), so the hot path never re-encodes or
 copies samples. `Journal.open(path)` replays the log through the same `HubState`
 methods, which are deterministic in their arguments, so a restart rebuilds the same state. A mutation
 that raised is not logged (it changed nothing).
@@ -27,6 +27,7 @@ from typing import Any
 
 from asyncrl import records as R
 from asyncrl import wire
+from asyncrl.replay.journal_format import decode_record, encode_record, log_record_parts
 from asyncrl.replay.leases import LeaseEntry
 from asyncrl.replay.log import LogCorrupt, LogWriter, iter_records, iter_sealed
 from asyncrl.replay.segments import Segments
@@ -62,11 +63,11 @@ class Journal:
 
     def _log(self, *record: Any) -> None:
         if self.writer is not None:
-            self.writer.append(wire.encode_record(list(record)))
+            self.writer.append(encode_record(list(record)))
 
     def _log_frame(self, kind: str, frame: bytes | memoryview) -> None:
         if self.writer is not None:
-            self.writer.append(*wire.log_record_parts(kind, frame))
+            self.writer.append(*log_record_parts(kind, frame))
 
     def sync(self) -> None:
         """Make what was logged durable (per the fsync mode); compact once the segment has grown enough."""
@@ -193,7 +194,7 @@ def _replay_segments(files: Segments, state: HubState, base: int) -> int:
     for k in present:
         path = files.segment(k)
         for payload in iter_records(path) if k == last else iter_sealed(path):
-            apply(state, wire.decode_record(payload))
+            apply(state, decode_record(payload))
     return last
 
 

@@ -6,8 +6,8 @@ it, so its size follows what is in flight, not how long the run has gone on. `Jo
 starts a new log segment and loads the newest valid one on resume (see `asyncrl.replay.journal`).
 
 File: one record in the log format of `asyncrl.replay.log` (``[length][crc32][payload]``), the payload
-being `wire.encode_record` of a plain map. Prompts are kept as their wire frames (`wire.encode`), samples
-as their Sample msgpack bytes (what `PackedSample.raw` holds), so nothing in a snapshot is pickled and
+being `journal_format.encode_record` of a plain map. Prompts are kept as their wire frames (`wire.encode`),
+samples as their Sample msgpack bytes (what `PackedSample.raw` holds), so nothing in a snapshot is pickled and
 a restore rebuilds the same records the hub had. Delivered batches are not stored as such: a batch is
 rebuilt from its groups (their delivered samples, in index order), as `HubState.form_batch` made it.
 
@@ -27,6 +27,7 @@ from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.durable import fsync_dir
 from asyncrl.replay.groups import GroupEntry, Phase
+from asyncrl.replay.journal_format import decode_record, encode_record
 from asyncrl.replay.leases import LeaseEntry
 from asyncrl.replay.log import LogCorrupt, LogWriter, iter_sealed
 from asyncrl.replay.state import HubState
@@ -76,7 +77,7 @@ def read_snapshot(path: Path) -> tuple[HubState, int]:
 def encode_state(st: HubState, segment: int) -> bytes:
     counts = st.counts
     book = st.book
-    return wire.encode_record({
+    return encode_record({
         "format": FORMAT,
         "segment": segment,
         "counts": [counts.submitted, {s.value: n for s, n in counts.by_state.items()}, dict(counts.transitions),
@@ -115,7 +116,7 @@ def _pack_scored(sc: R.ScoredSample | None) -> list[Any] | None:
 
 
 def decode_state(data: bytes) -> tuple[HubState, int]:
-    d = wire.decode_record(data)
+    d = decode_record(data)
     if type(d) is not dict or d.get("format") != FORMAT:
         raise SnapshotInvalid(f"snapshot format {d.get('format') if type(d) is dict else None!r} != {FORMAT}")
     st = HubState()

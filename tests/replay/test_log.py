@@ -9,6 +9,7 @@ from replay_fakes import fingerprint, prompt, scripted_run
 from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.replay.journal import Journal, apply
+from asyncrl.replay.journal_format import decode_record
 from asyncrl.replay.log import HEADER, LogWriter, iter_records, valid_length
 from asyncrl.replay.state import HubState
 
@@ -66,7 +67,7 @@ def test_writer_truncates_torn_tail_before_appending(tmp_path):
 def replayed(records: list[bytes]) -> dict:
     st = HubState()
     for r in records:
-        apply(st, wire.decode_record(r))
+        apply(st, decode_record(r))
     return fingerprint(st)
 
 
