@@ -42,7 +42,7 @@ def summarize(events: list[dict], min_gap_us: float = 20.0, top: int = 25) -> st
     if not device:
         return "no device events in the trace\n"
     launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     host = sorted((e for e in events if e.get("cat") in HOST_CATS and "dur" in e), key=lambda e: e["ts"])
     starts = [e["ts"] for e in host]
     busy, end = 0.0, device[0]["ts"]

@@ -3,13 +3,15 @@
 A sequence is prompt + response[:-1] (the last response token is only a target). Sequences are packed
 without padding: concatenated into one row with position_ids restarting at 0 per sequence, which Hugging
 Face models turn into a block-diagonal causal mask (see logprobs.py). Each micro-batch holds at most
-`micro_batch_tokens` input tokens (a longer sequence goes alone) and is filled first-fit-decreasing.
+`micro_batch_tokens` input tokens (a longer sequence goes alone); the fewest such packs are filled evenly.
 
 Per response token t of a sequence with prompt length P, the logits at packed position start + P - 1 + t
 predict it; `gather_idx` lists those positions so only response rows ever reach the lm_head.
 """
 
 from __future__ import annotations
+
+import heapq
 
 from dataclasses import dataclass
 
@@ -113,10 +115,22 @@ class MicroBatch:
 
 
 def pack_micro_batches(seqs: list[SeqRecord], micro_batch_tokens: int) -> list[list[SeqRecord]]:
-    """First-fit-decreasing bins of at most micro_batch_tokens input tokens (a longer sequence alone)."""
+    """The fewest bins first-fit-decreasing finds (at most micro_batch_tokens input tokens each, a longer
+    sequence alone), with the tokens then spread evenly over that many bins: a pack far smaller than the
+    others costs nearly a full pack's host time per layer while the GPU idles (3 packs of 22k tokens train
+    faster than 32k + 32k + 3k)."""
+    ffd = _first_fit_decreasing(seqs, micro_batch_tokens)
+    return _balanced(seqs, len(ffd), micro_batch_tokens) or ffd
+
+
+def _by_length(seqs: list[SeqRecord]) -> list[SeqRecord]:
+    return sorted(seqs, key=lambda s: (-s.num_input_tokens, s.index))
+
+
+def _first_fit_decreasing(seqs: list[SeqRecord], budget: int) -> list[list[SeqRecord]]:
     bins: list[list[SeqRecord]] = []
     room: list[int] = []
-    for s in sorted(seqs, key=lambda s: (-s.num_input_tokens, s.index)):
+    for s in _by_length(seqs):
         n = s.num_input_tokens
         for i, free in enumerate(room):
             if n <= free:
@@ -125,7 +139,23 @@ def pack_micro_batches(seqs: list[SeqRecord], micro_batch_tokens: int) -> list[l
                 break
         else:
             bins.append([s])
-            room.append(micro_batch_tokens - n)
+            room.append(budget - n)
+    return bins
+
+
+def _balanced(seqs: list[SeqRecord], count: int, budget: int) -> list[list[SeqRecord]] | None:
+    """Longest first, each into the least-loaded of `count` bins; None when that breaks the budget (then
+    first-fit-decreasing's bins stand)."""
+    if count <= 1:
+        return None
+    heap = [(0, i) for i in range(count)]  # (tokens, bin)
+    bins: list[list[SeqRecord]] = [[] for _ in range(count)]
+    for s in _by_length(seqs):
+        load, i = heapq.heappop(heap)
+        if load + s.num_input_tokens > budget:
+            return None
+        bins[i].append(s)
+        heapq.heappush(heap, (load + s.num_input_tokens, i))
     return bins
 
 

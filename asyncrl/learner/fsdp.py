@@ -80,7 +80,10 @@ def shard(root: nn.Module, hf: nn.Module, dtype: torch.dtype, device: torch.devi
     # One rank: keep each unit's compute-dtype copy from forward to backward (there is nothing to free).
     kwargs: dict = {"mesh": mesh, "reshard_after_forward": world > 1}
     if dtype != torch.float32:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        # Inputs keep their dtype: the root's float input is the per-token temperature, which must stay fp32
+        # (0.8 in bf16 is 0.80078); the embedding output is already in the compute dtype.
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
+                                                   cast_forward_inputs=False)
     if world > 1:  # per-layer units overlap communication with compute; one rank has nothing to overlap
         for layer in decoder_layers(hf):
             fully_shard(layer, **kwargs)

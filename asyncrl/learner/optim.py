@@ -37,10 +37,12 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: LearnerConfig) -> torch.opt
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg))
 
 
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
-    """Clip to max_norm (0: no clipping) and return the global pre-clip norm (DTensor-aware)."""
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip to max_norm (0: no clipping) and return the global pre-clip norm (DTensor-aware) as a 0-d device
+    tensor: reading it here would stall the host until the backward drains, and the GPU would then wait
+    for the optimizer's launches."""
     norm = torch.nn.utils.clip_grad_norm_(
         [p for p in params if p.grad is not None], max_norm if max_norm > 0 else float("inf"))
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
-    return float(norm)
+    return norm.detach()

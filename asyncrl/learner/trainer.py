@@ -104,7 +104,8 @@ class Trainer:
         self.step = batch.step
         with stage("stats"):
             metrics = {**prep.metrics, **stats.reduce(len(prep.mini_batches))}
-        metrics.update(grad_norm=max(grad_norms, default=0.0), lr=lr, optimizer_steps=float(len(grad_norms)),
+            grad_norm = torch.stack(grad_norms).max().item() if grad_norms else 0.0
+        metrics.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(len(grad_norms)),
                        policy_version=float(self.version), step_time_s=time.perf_counter() - t0)
         return metrics
 
@@ -177,8 +178,9 @@ class Trainer:
             mb.advantages[s:s + n] = a[i, :n].to(mb.advantages.device)
             mb.returns[s:s + n] = ret[i, :n].to(mb.returns.device)
 
-    def _update(self, prep: PreparedBatch, stats: StepStats) -> list[float]:
-        """Forward + backward of every micro-batch, one optimizer step per mini-batch. Returns grad norms."""
+    def _update(self, prep: PreparedBatch, stats: StepStats) -> list[Tensor]:
+        """Forward + backward of every micro-batch, one optimizer step per mini-batch. Returns the grad norms
+        (0-d device tensors, read once with the step's other metrics)."""
         grad_norms = []
         self.policy.train()
         for mbs in prep.mini_batches:

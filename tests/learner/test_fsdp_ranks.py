@@ -39,3 +39,21 @@ def test_two_ranks_match_one(tiny_model, tmp_path):
     other.load_checkpoint(got["ckpt"])
     for k, v in params_snapshot(other).items():
         torch.testing.assert_close(v, got["params"][k], atol=0, rtol=0, msg=k)
+
+
+def test_bf16_mixed_precision_keeps_temperature_fp32(tiny_model, monkeypatch):
+    """Under FSDP2 bf16 compute (here a one-rank gloo group on CPU) the per-token temperature reaches the
+    lm_head logprob in fp32: cast to bf16, T = 0.8 would become 0.80078 and every logprob would shift."""
+    from asyncrl.learner import model as policy_model
+
+    seen = []
+    head = policy_model.head_logprobs
+
+    def spy(hidden, weight, targets, temperature, *rest):
+        seen.append((hidden.dtype, temperature.dtype))
+        return head(hidden, weight, targets, temperature, *rest)
+
+    monkeypatch.setattr(policy_model, "head_logprobs", spy)
+    trainer = Trainer(LearnerConfig(), str(tiny_model), device="cpu", dtype="bfloat16")
+    trainer.train_step(make_batch(seed=1, temperature=0.8))
+    assert seen and set(seen) == {(torch.bfloat16, torch.float32)}

@@ -79,3 +79,19 @@ def test_prepare_dapo_filters_and_staleness():
 def test_filler_has_no_weight():
     mb = filler_micro_batch()
     assert mb.mask.sum() == 0 and mb.seq_index == [-1] and mb.num_tokens == 2
+
+
+def test_pack_spreads_tokens_evenly_over_the_fewest_bins():
+    """As many bins as first-fit-decreasing needs, but loads within one sequence of each other (FFD alone
+    leaves the last bin nearly empty)."""
+    from asyncrl.learner.batch_tensors import _first_fit_decreasing
+
+    seqs, _ = flatten_batch(make_batch(seed=1, groups=8, n=8))
+    budget = sum(s.num_input_tokens for s in seqs) // 2 - 1  # FFD: two full bins and a small third
+    ffd = _first_fit_decreasing(seqs, budget)
+    bins = pack_micro_batches(seqs, budget)
+    assert len(bins) == len(ffd) == 3
+    loads = [sum(s.num_input_tokens for s in b) for b in bins]
+    assert max(loads) <= budget and max(loads) - min(loads) <= max(s.num_input_tokens for s in seqs)
+    assert min(sum(s.num_input_tokens for s in b) for b in ffd) < min(loads)
+    assert sorted(s.index for b in bins for s in b) == list(range(len(seqs)))
