@@ -25,10 +25,10 @@ import numpy as np
 
 from asyncrl import records as R
 from asyncrl.wire_decode import (ARRAY_EXT, DEFAULT_MAX_FRAME_BYTES, DTYPES, MESSAGE_TYPES, PackedSample, WireError,
-                                 decode, decode_packed, decode_with_raw, message_type)
+                                 decode, decode_packed, message_type)
 
 __all__ = ["DEFAULT_MAX_FRAME_BYTES", "MESSAGE_TYPES", "PackedSample", "WireError", "decode", "decode_packed",
-           "decode_with_raw", "encode", "message_type"]
+           "encode", "message_type"]
 
 _CODES = {dt: code for code, dt in DTYPES.items()}
 
@@ -71,20 +71,16 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
-def encode(msg: Any, raw: dict[int, bytes | memoryview] | None = None) -> bytes:
-    """Record -> one frame.
-
-    `PackedSample`s inside ToScore, Batch and Completion are spliced in as their bytes. `raw` maps
-    id(record) -> that record's exact msgpack bytes (from `decode_with_raw`): those records are spliced
-    in too instead of being encoded again. The frame is byte-identical to a plain encode.
-    """
+def encode(msg: Any) -> bytes:
+    """Record -> one frame. `PackedSample`s inside ToScore, Batch and Completion are spliced in as their bytes
+    (the frame is byte-identical to encoding the full Samples)."""
     name = type(msg).__name__
     if MESSAGE_TYPES.get(name) is not type(msg):
         raise TypeError(f"{name} is not a wire message type")
-    if not raw and type(msg) not in _SPLICE_MESSAGES:
+    if type(msg) not in _SPLICE_MESSAGES:
         return msgpack.packb({"v": R.SCHEMA_VERSION, "t": name, "b": msg}, default=_default, use_bin_type=True)
     out = [_PACKER.pack_map_header(3), _pack("v"), _pack(R.SCHEMA_VERSION), _pack("t"), _pack(name), _pack("b")]
-    _compose(msg, raw or {}, out)
+    _compose(msg, out)
     return b"".join(out)
 
 
@@ -94,22 +90,21 @@ _SPLICE_MESSAGES = (R.ToScore, R.Batch, R.Completion)  # what the hub sends with
 _SPLICE_PARENTS = (R.ToScore, R.ToScoreItem, R.Batch, R.Group, R.ScoredSample, R.SampleBatch, R.Completion)
 
 
-def _compose(obj: Any, raw: dict[int, bytes | memoryview], out: list[bytes | memoryview]) -> None:
-    done = obj.raw if type(obj) is PackedSample else raw.get(id(obj))
-    if done is not None:
-        out.append(done)
+def _compose(obj: Any, out: list[bytes | memoryview]) -> None:
+    if type(obj) is PackedSample:
+        out.append(obj.raw)
     elif type(obj) is list:
         out.append(_PACKER.pack_array_header(len(obj)))
         for x in obj:
-            _compose(x, raw, out)
+            _compose(x, out)
     elif isinstance(obj, _SPLICE_PARENTS):
         header, keys = _splice_keys(type(obj))
         out.append(header)
         for name, packed_name in keys:
             out.append(packed_name)
             value = getattr(obj, name)
-            if type(value) in (list, PackedSample) or isinstance(value, _SPLICE_PARENTS) or id(value) in raw:
-                _compose(value, raw, out)
+            if type(value) in (list, PackedSample) or isinstance(value, _SPLICE_PARENTS):
+                _compose(value, out)
             else:
                 out.append(_pack(value))
     else:

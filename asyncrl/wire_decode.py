@@ -346,17 +346,6 @@ def decode_packed(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_
         _packed(s, view[a:b], (where, i)) for i, (s, (a, b)) in enumerate(zip(samples, spans))])
 
 
-def decode_with_raw(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> tuple[Any, list[memoryview]]:
-    """Like `decode`, and also the exact bytes of each element of a SampleBatch's "samples" list, as
-    views into `frame`, in order; [] for other messages. Validation is the same as `decode`'s."""
-    top, view, spans = _unpack_with_spans(frame, max_frame_bytes)
-    msg = _validate(top)
-    if not isinstance(msg, R.SampleBatch):
-        return msg, []
-    assert len(spans) == len(msg.samples)
-    return msg, [view[a:b] for a, b in spans]
-
-
 def _unpack_with_spans(frame: bytes | memoryview, max_frame_bytes: int) -> tuple[Any, memoryview, list[tuple[int, int]]]:
     """Unpack a frame, noting the byte span of each element of the body's (last) "samples" list."""
     _check_size(frame, max_frame_bytes)

@@ -63,11 +63,13 @@ def same(a, b) -> None:
 def test_sample_batch_round_trip(ss, lease_id):
     msg = R.SampleBatch(lease_id=lease_id, samples=ss)
     frame = wire.encode(msg)
-    same(wire.decode(frame), msg)
-    again, raws = wire.decode_with_raw(frame)
+    again = wire.decode(frame)
     same(again, msg)
-    assert len(raws) == len(ss)
-    assert wire.encode(again, {id(s): r for s, r in zip(again.samples, raws)}) == frame
+    assert wire.encode(again) == frame
+    packed = wire.decode_packed(frame)
+    assert [(p.prompt_id, p.sample_index) for p in packed.samples] == [(s.prompt_id, s.sample_index) for s in ss]
+    same([p.unpack() for p in packed.samples], ss)
+    assert wire.encode(packed) == frame
 
 
 @settings(max_examples=60, deadline=None)
@@ -80,12 +82,14 @@ def test_submit_round_trip(ps, watch):
 @settings(max_examples=30, deadline=None)
 @given(st.lists(samples(), min_size=1, max_size=3), prompts())
 def test_batch_with_spliced_samples_is_byte_identical(ss, p):
-    decoded, raws = wire.decode_with_raw(wire.encode(R.SampleBatch(lease_id="L", samples=ss)))
-    batch = R.Batch(step=3, policy_version=2, groups=[R.Group(prompt=p, samples=[
-        R.ScoredSample(sample=s, reward=0.5, components={"a": 1.0}) for s in decoded.samples])])
-    raw = {id(s): r for s, r in zip(decoded.samples, raws)}
-    assert wire.encode(batch, raw) == wire.encode(batch)
-    same(wire.decode(wire.encode(batch, raw)), batch)
+    packed = wire.decode_packed(wire.encode(R.SampleBatch(lease_id="L", samples=ss))).samples
+
+    def batch(samples):
+        return R.Batch(step=3, policy_version=2, groups=[R.Group(prompt=p, samples=[
+            R.ScoredSample(sample=s, reward=0.5, components={"a": 1.0}) for s in samples])])
+
+    assert wire.encode(batch(packed)) == wire.encode(batch(ss))
+    same(wire.decode(wire.encode(batch(packed))), batch(ss))
 
 
 @pytest.mark.parametrize("frame, why", [
@@ -104,7 +108,7 @@ def test_bad_frames_are_rejected_with_a_reason(frame, why):
     with pytest.raises(wire.WireError, match=why.replace("[", r"\[").replace("]", r"\]")):
         wire.decode(frame)
     with pytest.raises(wire.WireError):
-        wire.decode_with_raw(frame)
+        wire.decode_packed(frame)
 
 
 def test_wrong_array_dtype_and_length_mismatch_are_rejected():
