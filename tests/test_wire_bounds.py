@@ -11,7 +11,7 @@ import pytest
 
 from asyncrl import records as R
 from asyncrl import wire
-from asyncrl.wire_bounds import check_bounds
+from asyncrl.wire.bounds import check_bounds
 
 
 def nested(depth: int) -> list:

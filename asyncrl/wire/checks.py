@@ -1,7 +1,7 @@
 """Building blocks of wire validation: the error type, where-paths, and generic value checks.
 
 Checks take ``(value, where)``; `where` is a cheap tuple path, turned into text only for an error
-message. `asyncrl.wire_decode` composes these into per-record checks.
+message. `asyncrl.wire.schema` composes these into per-record checks.
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ str/bin/ext payloads by their length, and raises `WireError` when
 The walk costs ~0.3 us per value in Python, so `bound` only walks frames that could build more than
 ``BUILD_BUDGET_BYTES`` of objects: a frame of N bytes builds at most ~`AMPLIFICATION` x N bytes, so
 smaller frames are unpacked directly (msgpack's C unpacker stops at 1024 levels by itself, and no check
-in `asyncrl.wire_checks` recurses on free-form data). The hot path (sample batches under ~1.6 MB)
+in `asyncrl.wire.checks` recurses on free-form data). The hot path (sample batches under ~1.6 MB)
 therefore pays nothing; a flood of large frames pays the walk, not the memory.
 """
 
 from __future__ import annotations
 
-from asyncrl.wire_checks import WireError
+from asyncrl.wire.checks import WireError
 
 DEFAULT_MAX_DEPTH = 32  # records nest ~6 deep; free-form `Any` fields (metadata, info) get the rest
 DEFAULT_MAX_OBJECTS = 1 << 20  # values per frame: ~40k samples per Batch, at most ~80 MB of objects

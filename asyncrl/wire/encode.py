@@ -1,0 +1,88 @@
+"""Records -> frames.
+
+A body is the record's fields as a msgpack map, nested records as maps, arrays as ext type 1
+(`asyncrl.wire.arrays`). Messages that carry stored samples (ToScore, Batch, Completion) are composed
+piece by piece so that each `PackedSample`'s bytes are spliced in as they are; the frame is
+byte-identical to encoding the full Samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from asyncrl import records as R
+from asyncrl.wire.arrays import pack_array
+from asyncrl.wire.envelope import wire_name
+from asyncrl.wire.sample import PackedSample
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # record class -> field names (encode hot path)
+_SPLICE_MESSAGES = (R.ToScore, R.Batch, R.Completion)  # what the hub sends with stored samples inside
+_SPLICE_PARENTS = (R.ToScore, R.ToScoreItem, R.Batch, R.Group, R.ScoredSample, R.SampleBatch, R.Completion)
+_SPLICE_KEYS: dict[type, tuple[bytes, list[tuple[str, bytes]]]] = {}
+
+
+def encode(msg: Any) -> bytes:
+    """Record -> one frame. `PackedSample`s inside ToScore, Batch and Completion are spliced in as their bytes."""
+    name = wire_name(msg)
+    if type(msg) not in _SPLICE_MESSAGES:
+        return msgpack.packb({"v": R.SCHEMA_VERSION, "t": name, "b": msg}, default=_default, use_bin_type=True)
+    out = [_PACKER.pack_map_header(3), _pack("v"), _pack(R.SCHEMA_VERSION), _pack("t"), _pack(name), _pack("b")]
+    _compose(msg, out)
+    return b"".join(out)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return pack_array(obj)
+    if type(obj) is PackedSample:  # outside a splicing message: correct, not fast
+        return _default(obj.unpack())
+    names = _FIELD_NAMES.get(type(obj))
+    if names is not None:
+        return {n: getattr(obj, n) for n in names}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        _FIELD_NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+        return _default(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+_PACKER = msgpack.Packer(default=_default, use_bin_type=True)
+_pack = _PACKER.pack
+
+
+def _compose(obj: Any, out: list[bytes | memoryview]) -> None:
+    """Append the msgpack pieces of `obj` to `out`, each PackedSample as its bytes."""
+    if type(obj) is PackedSample:
+        out.append(obj.raw)
+    elif type(obj) is list:
+        out.append(_PACKER.pack_array_header(len(obj)))
+        for x in obj:
+            _compose(x, out)
+    elif isinstance(obj, _SPLICE_PARENTS):
+        header, keys = _splice_keys(type(obj))
+        out.append(header)
+        for name, packed_name in keys:
+            out.append(packed_name)
+            value = getattr(obj, name)
+            if type(value) in (list, PackedSample) or isinstance(value, _SPLICE_PARENTS):
+                _compose(value, out)
+            else:
+                out.append(_pack(value))
+    else:
+        out.append(_pack(obj))
+
+
+def _splice_keys(cls: type) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """Map header and packed field names of a record class (cached)."""
+    got = _SPLICE_KEYS.get(cls)
+    if got is None:
+        names = [f.name for f in dataclasses.fields(cls)]
+        got = _SPLICE_KEYS[cls] = (_PACKER.pack_map_header(len(names)), [(n, _pack(n)) for n in names])
+    return got
