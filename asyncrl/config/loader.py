@@ -41,6 +41,7 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
+    # The wire has its own annotation-driven checker (asyncrl.wire.schema); why the two stay apart is noted there.
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
