@@ -83,13 +83,14 @@ def steady_step(spans: list[dict]) -> float | None:
 
 
 def span_medians(spans: list[dict]) -> dict[str, dict[str, float]]:
-    """Per kind of timeline span (generate, train, push, checkpoint): median and max seconds over the second
-    half of the run, and how many there were."""
+    """Per kind of timeline span (generate, train, push; checkpoint = a background save's stall,
+    checkpoint_final = the run's last, foreground save): median and max seconds over the second half of the
+    run (over all of them for checkpoints: there are few), and how many there were."""
     out = {}
-    for kind in ("generate", "train", "push", "checkpoint"):
+    for kind in ("generate", "train", "push", "checkpoint", "checkpoint_final"):
         d = sorted((s["start"], s["end"] - s["start"]) for s in spans if s["kind"] == kind
                    and (s["name"].startswith("learner-0") or kind == "generate"))
-        late = [x for _, x in d[len(d) // 2:]] or [x for _, x in d]
+        late = [x for _, x in (d if kind.startswith("checkpoint") else d[len(d) // 2:])] or [x for _, x in d]
         if late:
             out[kind] = {"median": round(statistics.median(late), 4), "max": round(max(x for _, x in d), 4), "count": len(d)}
     return out

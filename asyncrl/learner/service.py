@@ -188,11 +188,15 @@ class LearnerService:
             self.sender.serve_joins(self.trainer.named_full_tensors, self.trainer.version)
 
     def _checkpoint(self, background: bool) -> None:
-        """Snapshot now (the timeline's "checkpoint" span is the learner's stall); the write finishes in the
-        background unless `background` is false, and the step is committed once it is on disk."""
+        """Snapshot now; the write finishes in the background unless `background` is false, and the step is
+        committed once it is on disk. Timeline: "checkpoint" is a background save's stall of the learner,
+        "checkpoint_final" a foreground save (the run's last: waits for the disk by design),
+        "checkpoint_skipped" a background save skipped because the previous write was still going."""
         step = self.trainer.step
-        with self.timeline.span("checkpoint"):
-            taken = self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step}, background=background)
+        start = time.time()
+        taken = self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step}, background=background)
+        kind = "checkpoint_skipped" if taken is None else "checkpoint" if background else "checkpoint_final"
+        self.timeline.record(kind, start, time.time())
         if taken is None:
             log.warning("checkpoint at step %d skipped: the previous one is still being written (raise "
                         "learner.checkpoint_every or use faster storage)", step)

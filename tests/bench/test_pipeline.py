@@ -78,3 +78,15 @@ def test_gpu_only_benches_say_so_on_cpu(monkeypatch, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs a GPU" in err
+
+
+def test_span_medians_keep_the_final_checkpoint_apart():
+    from bench.pipeline import span_medians
+
+    spans = [{"name": "learner-0", "kind": "checkpoint", "start": 5.0, "end": 5.2},
+             {"name": "learner-0", "kind": "checkpoint", "start": 10.0, "end": 10.4},
+             {"name": "learner-0", "kind": "checkpoint_final", "start": 14.0, "end": 19.5},
+             {"name": "learner-0", "kind": "train", "start": 1.0, "end": 2.0}]
+    out = span_medians(spans)
+    assert out["checkpoint"] == {"median": 0.3, "max": 0.4, "count": 2}  # every background stall, first included
+    assert out["checkpoint_final"]["median"] == 5.5 and out["checkpoint_final"]["count"] == 1
