@@ -12,16 +12,35 @@ Samples of client prompts (`asyncrl.Client`) are trained like the run's own and 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import Counter, deque
+from typing import Any, Protocol
 
+from asyncrl.config.batch import BatchConfig
 from asyncrl.prometheus import Sample
 from asyncrl.records import SampleState
+from asyncrl.replay.config import HubConfig
+from asyncrl.replay.journal import Journal
+from asyncrl.replay.peers import PeerTable
+from asyncrl.replay.state import HubState
 
-if TYPE_CHECKING:
-    from asyncrl.replay.core import HubCore
+
+class HubView(Protocol):
+    """What the counters read from the hub (`asyncrl.replay.core.HubCore` has it; this module does not
+    import the core, which imports `rejection_kind` from here)."""
+
+    cfg: HubConfig
+    batch: BatchConfig
+    journal: Journal
+    state: HubState
+    peers: PeerTable
+    counters: dict[str, int]
+    rejected: Counter[str]
+    parked: dict[type, deque[Any]]
+    watchers: dict[str, Any]
+    shutdown: bool
 
 
-def hub_stats(core: HubCore, now: float) -> dict[str, Any]:
+def hub_stats(core: HubView, now: float) -> dict[str, Any]:
     st, cfg = core.state, core.cfg
     counts = st.counts
     events = dict(st.events)
@@ -55,7 +74,7 @@ def hub_stats(core: HubCore, now: float) -> dict[str, Any]:
     }
 
 
-def accounting(core: HubCore) -> dict[str, int]:
+def accounting(core: HubView) -> dict[str, int]:
     counts = core.state.counts
     by = counts.by_state
     return {
@@ -77,7 +96,7 @@ _ACCOUNTING_COUNTERS = ("submitted", "client_submitted", "trained", "dropped_sta
 _GAUGES = ("policy_version", "queued_prompts", "leases", "ready_groups", "awaiting_score", "committed_step")
 
 
-def prometheus_samples(core: HubCore, now: float) -> list[Sample]:
+def prometheus_samples(core: HubView, now: float) -> list[Sample]:
     """The hub's accounting, request counters (rejected, refused, ...) and queue depths for Prometheus."""
     stats = hub_stats(core, now)
     out = [Sample(f"samples_{k}", v, "counter", doc=f"samples {k} (accounting)") for k, v in stats["accounting"].items()
@@ -91,7 +110,7 @@ def prometheus_samples(core: HubCore, now: float) -> list[Sample]:
     return out
 
 
-def _log_stats(core: HubCore) -> dict[str, Any]:
+def _log_stats(core: HubView) -> dict[str, Any]:
     w = core.journal.writer
     return {"path": str(w.path), "records": w.records, "bytes": w.bytes} if w is not None else {}
 
