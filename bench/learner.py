@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl import records
+from asyncrl import dtypes, records
 from bench import flops, trace_gaps
 
 SHAPE_DEFAULTS = {"tiny": (64, 63), "0.5b": (256, 256), "1.5b": (256, 256)}  # samples, response tokens
@@ -159,7 +159,7 @@ def main() -> None:
     shape = args.shape or ("0.5b" if device.type == "cuda" else "tiny")
     samples, tokens = SHAPE_DEFAULTS[shape]
     samples, tokens = args.samples or samples, args.tokens or tokens
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = dtypes.torch_dtype("auto", device)  # the learner's own choice
     with tempfile.TemporaryDirectory(prefix="bench-learner-") as work:
         path = model_path(shape, Path(work))
         from transformers import AutoConfig, AutoModelForCausalLM

@@ -25,9 +25,3 @@ def resolve_model_path(cfg: ModelConfig) -> str:
 
         return str(embedded_model_path())
     return cfg.path
-
-
-def resolve_dtype(cfg: ModelConfig, device: str) -> str:
-    if cfg.dtype != "auto":
-        return cfg.dtype
-    return "bfloat16" if device.startswith("cuda") else "float32"

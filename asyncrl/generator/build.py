@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from asyncrl.config.model import resolve_dtype, resolve_model_path
+from asyncrl.config.model import resolve_model_path
 from asyncrl.config.run import RunConfig
 from asyncrl.credentials import Credentials
 from asyncrl.engine.protocol import Engine
@@ -22,7 +22,7 @@ def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
         return SGLangEngine(cfg.generator.sglang)
     from asyncrl.engine.torch.engine import TorchEngine
 
-    return TorchEngine(model_path, device=device, dtype=resolve_dtype(cfg.model, device),
+    return TorchEngine(model_path, device=device, dtype=cfg.model.dtype,
                        max_running=cfg.generator.max_running, seed=cfg.generator.seed)
 
 

@@ -26,11 +26,12 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
+from asyncrl import dtypes
+
 SIDE_FILES = (
     "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
     "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json",
 )
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def export_hf(named_tensors: Iterable[tuple[str, Tensor]], config: Any, src_path: str | Path, out_dir: str | Path,
@@ -69,4 +70,4 @@ def _source_dtype(src: Path) -> torch.dtype:
         cfg = json.loads((src / "config.json").read_text())
     except (OSError, ValueError):
         return torch.float32
-    return _DTYPES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"), torch.float32)
+    return dtypes.DTYPES.get(str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"), torch.float32)

@@ -53,13 +53,6 @@ def init_single_rank(device: torch.device) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
 
 
-def compute_dtype(name: str, device: torch.device) -> torch.dtype:
-    """ModelConfig.dtype -> the dtype forward/backward run in ("auto": bf16 on GPU, fp32 on CPU)."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
 def decoder_layers(hf: nn.Module) -> list[nn.Module]:
     names = set(getattr(hf, "_no_split_modules", None) or [])
     layers = [m for m in hf.modules() if type(m).__name__ in names]

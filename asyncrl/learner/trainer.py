@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.profiler import record_function as stage  # named ranges in bench.learner --profile; ~free otherwise
 
-from asyncrl import records
+from asyncrl import dtypes, records
 from asyncrl.learner import advantages as adv
 from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
@@ -51,7 +51,7 @@ class Trainer:
         self.cfg = cfg
         self.model_path = model_path
         device = fsdp.dist_info(device).device
-        self.dtype = fsdp.compute_dtype(dtype, device)
+        self.dtype = dtypes.torch_dtype(dtype, device)  # forward/backward run in it
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if self.dtype != torch.float32 and not dist.is_initialized():

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from asyncrl import dtypes
 from asyncrl.records import RewardSpec
 
 _OPTIONS = {"model", "batch_size", "device", "max_length", "label", "dtype"}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class SequenceClassifier:
@@ -99,9 +99,9 @@ def _load(options: dict[str, Any]) -> tuple[Any, Any, torch.device]:
     if not (Path(path) / "config.json").exists():
         raise ValueError(f"classifier options.model={path!r}: not a model folder (no config.json); "
                          "give a local folder saved with save_pretrained")
-    dtype = _DTYPES.get(str(options.get("dtype", "float32")))
+    dtype = dtypes.DTYPES.get(str(options.get("dtype", "float32")))
     if dtype is None:
-        raise ValueError(f"classifier options.dtype={options['dtype']!r}: allowed {', '.join(_DTYPES)}")
+        raise ValueError(f"classifier options.dtype={options['dtype']!r}: allowed {', '.join(dtypes.DTYPES)}")
     device = torch.device(str(options.get("device", "cpu")))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"classifier options.device={device}: no CUDA device here; use device = \"cpu\"")

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import torch
 
+from asyncrl import dtypes
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.kv_cache import KVCache
 from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights
@@ -33,7 +34,6 @@ from asyncrl.engine.torch.scheduler import Scheduler
 from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 from asyncrl.records import FinishReason
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SEED_MOD = 2**63
 
 
@@ -68,7 +68,7 @@ class TorchEngine:
             if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
                 self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.dtype = dtypes.torch_dtype(dtype, self.device)
         model = load_hf_folder(model_path, self.dtype, self.device)
         self._setup(model, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len, seed,
                     weight_version, cuda_graphs, deterministic)
@@ -294,13 +294,3 @@ class TorchEngine:
             free, _ = torch.cuda.mem_get_info(self.device)
             wanted = min(wanted, int(0.9 * free) // KVCache.bytes_per_block(self.arch, block_size, self.dtype))
         return max(wanted, 1)
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r}: use 'auto' or one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
