@@ -13,14 +13,14 @@ from asyncrl.weights.sender import WeightSender
 from asyncrl.weights.transport import BroadcastTransport, WeightTransport
 
 
-def test_poll_returns_at_once_when_nothing_is_pending_and_join_is_sent():
+def test_poll_with_nothing_pending_returns_none_and_join_is_sent():
     sender = WeightSender("tcp://127.0.0.1:0", timeout_s=5.0)
     engine = FakeEngine()
     rx = WeightReceiver(sender.endpoint, "g0", "cpu", engine, timeout_s=5.0)
     try:
         assert rx.poll() is None
         assert not rx.ready and rx.version == 0
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 5  # hang guard only
         while not sender.has_joins() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sender.has_joins() and sender.members == []
