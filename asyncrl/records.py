@@ -234,13 +234,13 @@ class ToScore:
 
 @dataclass(kw_only=True, slots=True)
 class ToScoreItem:
-    sample: Sample
+    """One generated sample to score: only what reward functions read. The hub keeps the sample itself
+    (token ids, logprobs, versions); the score comes back by id as a `ScoreResult`."""
+
+    prompt_id: str
+    sample_index: int
+    response_text: str
     reward: RewardSpec
-
-
-@dataclass(kw_only=True, slots=True)
-class ScoredBatch:
-    scored: list[ScoredSample]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -257,7 +257,7 @@ class ScoreResult:
 
 @dataclass(kw_only=True, slots=True)
 class ScoredIds:
-    """Scores sent back by id (what reward workers send; `ScoredBatch` still works, at a higher cost)."""
+    """Scores sent back by id: what reward workers send (the hub joins each to its stored sample)."""
 
     scores: list[ScoreResult]
 

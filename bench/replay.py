@@ -90,12 +90,18 @@ def scorer(endpoint: str, args: argparse.Namespace) -> dict:
     scored = 0
     while scored < args.steps * args.prompts_per_step * args.n:
         todo = peer.request(R.ScoreRequest(worker="bench-reward", max_samples=512, wait_s=0.5))
-        ids = [(it.sample.prompt_id, it.sample.sample_index) for it in todo.items]
+        ids = [_item_id(it) for it in todo.items]
         if ids:
             peer.request(_scores_message(ids))
         scored += len(ids)
     peer.close()
     return {"scored": scored}
+
+
+def _item_id(it: object) -> tuple[str, int]:
+    """(prompt_id, sample_index) of a ToScoreItem; where the tree under test predates the slim item, its sample's."""
+    s = getattr(it, "sample", it)
+    return s.prompt_id, s.sample_index
 
 
 def _scores_message(ids: list[tuple[str, int]]) -> object:

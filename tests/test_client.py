@@ -36,14 +36,15 @@ def fake_worker(endpoint: str, stop: threading.Event) -> None:
                 peer.request(R.SampleBatch(lease_id=lease.lease_id, samples=samples))
             todo = peer.request(R.ScoreRequest(worker="fake-reward", max_samples=64, wait_s=0.0))
             if todo.items:
-                peer.request(R.ScoredBatch(scored=[score(it) for it in todo.items]))
+                peer.request(R.ScoredIds(scores=[score(it) for it in todo.items]))
 
 
-def score(it: R.ToScoreItem) -> R.ScoredSample:
-    if it.sample.response_text == "fail":
-        return R.ScoredSample(sample=it.sample, reward=0.0, status=R.ScoreStatus.FAILED, reason="reward raised: boom")
-    return R.ScoredSample(sample=it.sample, reward=float(it.sample.sample_index),
-                          components={"target": float(it.reward.target == "4")})
+def score(it: R.ToScoreItem) -> R.ScoreResult:
+    if it.response_text == "fail":
+        return R.ScoreResult(prompt_id=it.prompt_id, sample_index=it.sample_index, reward=0.0,
+                             status=R.ScoreStatus.FAILED, reason="reward raised: boom")
+    return R.ScoreResult(prompt_id=it.prompt_id, sample_index=it.sample_index, reward=float(it.sample_index),
+                         components={"target": float(it.reward.target == "4")})
 
 
 @pytest.fixture

@@ -41,8 +41,6 @@ def test_spliced_packed_samples_are_byte_identical_to_plain_encoding():
             R.ScoredSample(sample=s, reward=0.5) for s in samples])])
 
     assert wire.encode(batch(packed)) == wire.encode(batch(ss))
-    items = lambda samples: R.ToScore(items=[R.ToScoreItem(sample=s, reward=prompt.reward) for s in samples])  # noqa: E731
-    assert wire.encode(items(packed)) == wire.encode(items(ss))
     done = lambda s: R.Completion(scored=R.ScoredSample(sample=s, reward=1.0))  # noqa: E731
     assert wire.encode(done(packed[0])) == wire.encode(done(ss[0]))
     # outside a splicing message a packed sample still encodes correctly (decoded first)
@@ -79,6 +77,20 @@ def test_a_repeated_samples_key_keeps_bytes_and_validated_values_together():
     msg = wire.decode_packed(frame)  # the last key wins, as in the decoded map
     assert [s.sample_index for s in msg.samples] == [1] and wire.decode(frame).samples[0].sample_index == 1
     assert msgpack.unpackb(msg.samples[0].raw, raw=False)["sample_index"] == 1
+
+
+def test_reward_workers_get_ids_and_text_only():
+    ss = [sample("p", 0, [1, 2]), sample("p", 1, [])]
+    ss[1].response_text = "é" * 40
+    packed = wire.decode_packed(wire.encode(R.SampleBatch(lease_id="L", samples=ss))).samples
+    assert [s.response_text for s in packed] == [s.response_text for s in ss]
+    msg = R.ToScore(items=[R.ToScoreItem(prompt_id=s.prompt_id, sample_index=s.sample_index,
+                                         response_text=s.response_text, reward=R.RewardSpec(target="4")) for s in packed])
+    frame = wire.encode(msg)
+    assert wire.decode(frame) == msg
+    item = msgpack.unpackb(frame, raw=False)["b"]["items"][0]
+    assert sorted(item) == ["prompt_id", "response_text", "reward", "sample_index"]  # no logprobs, versions, ids
+    assert "ScoredBatch" not in wire.MESSAGE_TYPES  # scores travel by id only
 
 
 def test_scores_by_id_round_trip():

@@ -63,7 +63,6 @@ class HubCore:
         self.handlers: dict[type, Callable[[Envelope, Any, Any, float], Any]] = {
             R.SubmitPrompts: self._submit, R.LeaseRequest: self._lease, R.SampleBatch: self._samples,
             R.ReturnPrompts: self._return, R.ScoreRequest: self._score_request, R.ScoredIds: self._scored_ids,
-            R.ScoredBatch: self._scored,
             R.BatchRequest: self._batch, R.CommitStep: self._commit, R.WeightVersion: self._version,
             R.Heartbeat: self._heartbeat, R.FatalError: self._fatal, R.Shutdown: self._shutdown,
             R.StatsRequest: self._stats, R.PeerDown: self._peer_down,
@@ -188,20 +187,12 @@ class HubCore:
         self.peers.touch(msg.worker, "reward", now)
         return self._try_score(env, msg, now) or self._park(env, msg, now)
 
-    def _try_score(self, env: Envelope, msg: R.ScoreRequest, now: float) -> bytes | None:
+    def _try_score(self, env: Envelope, msg: R.ScoreRequest, now: float) -> R.ToScore | None:
         items = self.dispatch.take(self.state, msg.max_samples, now)
-        return wire.encode(R.ToScore(items=items)) if items else None
-
-    def _scored(self, env: Envelope, frame: Any, msg: R.ScoredBatch, now: float) -> R.Ack:
-        """Scores with whole samples attached (older reward workers): only the ids are used."""
-        return self._score([R.ScoreResult(prompt_id=s.sample.prompt_id, sample_index=s.sample.sample_index,
-                                          reward=s.reward, components=s.components, status=s.status, reason=s.reason)
-                            for s in msg.scored])
+        return R.ToScore(items=items) if items else None
 
     def _scored_ids(self, env: Envelope, frame: Any, msg: R.ScoredIds, now: float) -> R.Ack:
-        return self._score(msg.scores)
-
-    def _score(self, results: list[R.ScoreResult]) -> R.Ack:
+        results = msg.scores
         failed = [r.reason for r in results
                   if r.status is R.ScoreStatus.FAILED and not self.state.is_client(r.prompt_id)]
         if failed:  # the launcher's watchdog names it when no step is made (a client's failure is not the run's)

@@ -5,7 +5,7 @@ Who talks to it (every peer holds one DEALER, see `asyncrl.peer.HubPeer`):
     client/dataset ──SubmitPrompts──►┐                      ┌──Lease◄────── generator ×N (LeaseRequest,
                                      │                      │               credit = free slots)
     generator ──SampleBatch─────────►│    Hub (this loop)   ├──ToScore◄──── reward ×M  (ScoreRequest,
-    reward ──ScoredBatch────────────►│  HubCore + Journal   │               credit = free workers)
+    reward ──ScoredIds──────────────►│  HubCore + Journal   │               credit = free workers)
     learner ──CommitStep/WeightVersion►                     ├──Batch◄────── learner ×K (BatchRequest)
     anyone ──Heartbeat/Stats/FatalError►                    └──Completion─► clients that submitted with watch
 

@@ -29,7 +29,6 @@ ALLOWED: dict[type, frozenset[str]] = {
     R.ReturnPrompts: frozenset({"generator"}),
     R.ScoreRequest: frozenset({"reward"}),
     R.ScoredIds: frozenset({"reward"}),
-    R.ScoredBatch: frozenset({"reward"}),
     R.BatchRequest: frozenset({"learner"}),
     R.CommitStep: frozenset({"learner"}),
     R.WeightVersion: frozenset({"learner"}),

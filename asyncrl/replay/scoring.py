@@ -29,7 +29,7 @@ class ScoreDispatch:
         self.fresh.extend(keys)
 
     def take(self, state: HubState, max_samples: int, now: float) -> list[ToScoreItem]:
-        """Up to `max_samples` items (their samples as the hub keeps them: wire bytes, spliced on send)."""
+        """Up to `max_samples` items: each sample's id and response text (its arrays stay in the hub)."""
         self._recycle(state, now)
         items: list[ToScoreItem] = []
         while self.fresh and len(items) < max_samples:
@@ -37,7 +37,10 @@ class ScoreDispatch:
             g = state.sample(*key)
             if g is None:  # scored meanwhile (late worker) or no longer live
                 continue
-            items.append(ToScoreItem(sample=g.samples[key[1]], reward=g.prompt.reward))  # type: ignore[arg-type]
+            sample = g.samples[key[1]]
+            assert sample is not None, f"{key} is generated without its sample"
+            items.append(ToScoreItem(prompt_id=key[0], sample_index=key[1], response_text=sample.response_text,
+                                     reward=g.prompt.reward))
             self.out.append((now + self.ttl_s, key))
         return items
 

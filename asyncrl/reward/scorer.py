@@ -3,8 +3,9 @@
 Each component runs under `reward.timeout_s`; all components of a sample run concurrently. A component
 that raises, times out, or returns something other than a finite number (or a dict of them with a
 "reward" entry) fails the sample: status FAILED, reward 0.0, the reason names the component. The
-components that did answer are still reported. `ScoredSample.components` holds each component's
+components that did answer are still reported. `ScoreResult.components` holds each component's
 unweighted score under its name (and extra dict entries as "name/key"); the reward is the weighted sum.
+A sample arrives as a `ToScoreItem` (id, response text, reward spec) and leaves as a `ScoreResult` (by id).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import numbers
 from typing import Any
 
-from asyncrl.records import RewardSpec, Sample, ScoredSample, ScoreStatus
+from asyncrl.records import RewardSpec, ScoreResult, ScoreStatus, ToScoreItem
 from asyncrl.reward.config import RewardComponentConfig, RewardConfig
 from asyncrl.reward.http import HttpClient, HttpReward
 from asyncrl.reward.mathverify import MathVerify
@@ -25,7 +26,7 @@ from asyncrl.reward.rules import ExactMatch, RegexMatch, TaskVerifier
 
 
 class ComponentError(Exception):
-    """A component's failure, with the reason reported in ScoredSample.reason."""
+    """A component's failure, with the reason reported in ScoreResult.reason."""
 
 
 class Scorer:
@@ -58,8 +59,8 @@ class Scorer:
             raise ValueError(f"reward component {c.name!r}: {e}") from None
         raise AssertionError(f"kind {c.kind!r} passed validation but has no implementation")
 
-    async def score(self, sample: Sample, spec: RewardSpec) -> ScoredSample:
-        results = await asyncio.gather(*(self._run(c, fn, sample.response_text, spec) for c, fn in self.components))
+    async def score(self, item: ToScoreItem) -> ScoreResult:
+        results = await asyncio.gather(*(self._run(c, fn, item.response_text, item.reward) for c, fn in self.components))
         components: dict[str, float] = {}
         reasons: list[str] = []
         total = 0.0
@@ -69,9 +70,10 @@ class Scorer:
                 continue
             components.update(result)
             total += c.weight * result[c.name]
+        out = ScoreResult(prompt_id=item.prompt_id, sample_index=item.sample_index, reward=total, components=components)
         if reasons:
-            return ScoredSample(sample=sample, reward=0.0, components=components, status=ScoreStatus.FAILED, reason="; ".join(reasons))
-        return ScoredSample(sample=sample, reward=total, components=components)
+            out.reward, out.status, out.reason = 0.0, ScoreStatus.FAILED, "; ".join(reasons)
+        return out
 
     async def _run(self, c: RewardComponentConfig, fn: RewardFn, response: str, spec: RewardSpec) -> dict[str, float] | ComponentError:
         try:

@@ -3,7 +3,7 @@
     hub ──ToScore──► RewardWorker ──► Scorer (inline rules │ threads │ process pool │ http)
      ▲                    │ up to reward.max_inflight samples scored at once
      └──ScoredIds─────────┘  (finished ones are sent every round, in any order, by sample id: the hub
-                              keeps its own copy of each sample)
+                              keeps each sample; a ToScoreItem carries only its id, text and reward spec)
 
 The worker asks only for as many samples as it has free slots (credit), so the hub never hands it more
 than it can score; while samples are in flight it polls without waiting and otherwise long-polls for
@@ -22,8 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from asyncrl.peer import HubError
-from asyncrl.records import (Heartbeat, ScoredIds, ScoredSample, ScoreRequest, ScoreResult, ScoreStatus,
-                             ToScoreItem)
+from asyncrl.records import Heartbeat, ScoredIds, ScoreRequest, ScoreResult, ScoreStatus
 from asyncrl.reward.config import RewardConfig
 from asyncrl.reward.scorer import Scorer
 
@@ -40,7 +39,7 @@ class RewardWorker:
     def __init__(self, peer: Peer, scorer: Scorer, cfg: RewardConfig, name: str, wait_s: float = 1.0) -> None:
         self.peer, self.scorer, self.cfg, self.name, self.wait_s = peer, scorer, cfg, name, wait_s
         self._hub_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-hub")
-        self.inflight: set[asyncio.Task[ScoredSample]] = set()
+        self.inflight: set[asyncio.Task[ScoreResult]] = set()
         self.scored = self.failed = self.rejected = 0
         self._last_beat = (0.0, 0)  # (monotonic time, scored count) at the previous heartbeat
         self.shutdown_requested = False
@@ -58,26 +57,23 @@ class RewardWorker:
             wait = 0.0 if self.inflight else self.wait_s
             todo = await self._call(ScoreRequest(worker=self.name, max_samples=free, wait_s=wait))
             for item in todo.items:
-                self.inflight.add(asyncio.create_task(self._score(item)))
+                self.inflight.add(asyncio.create_task(self.scorer.score(item)))
         if self.inflight:
             done, self.inflight = await asyncio.wait(self.inflight, timeout=_POLL_S, return_when=asyncio.FIRST_COMPLETED)
             await self._send([t.result() for t in done])
         if time.monotonic() - self._last_beat[0] >= self.cfg.heartbeat_s:
             await self.heartbeat()
 
-    async def _score(self, item: ToScoreItem) -> ScoredSample:
-        return await self.scorer.score(item.sample, item.reward)
-
-    async def _send(self, scored: list[ScoredSample]) -> None:
+    async def _send(self, scored: list[ScoreResult]) -> None:
         if not scored:
             return
         failed = [s for s in scored if s.status is ScoreStatus.FAILED]
         for s in failed[:3]:
-            log.warning("sample %s/%d failed: %s", s.sample.prompt_id, s.sample.sample_index, s.reason)
+            log.warning("sample %s/%d failed: %s", s.prompt_id, s.sample_index, s.reason)
         self.scored += len(scored)
         self.failed += len(failed)
         try:
-            await self._call(ScoredIds(scores=[_by_id(s) for s in scored]))
+            await self._call(ScoredIds(scores=scored))
         except HubError as e:  # e.g. the samples were re-leased meanwhile; the hub's state wins
             self.rejected += len(scored)
             log.warning("hub refused %d scored samples: %s", len(scored), e)
@@ -104,8 +100,3 @@ class RewardWorker:
         for task in self.inflight:
             task.cancel()
         self._hub_thread.shutdown(wait=False)
-
-
-def _by_id(s: ScoredSample) -> ScoreResult:
-    return ScoreResult(prompt_id=s.sample.prompt_id, sample_index=s.sample.sample_index, reward=s.reward,
-                       components=s.components, status=s.status, reason=s.reason)

@@ -1,7 +1,7 @@
 """Records -> frames.
 
 A body is the record's fields as a msgpack map, nested records as maps, arrays as ext type 1
-(`asyncrl.wire.arrays`). Messages that carry stored samples (ToScore, Batch, Completion) are composed
+(`asyncrl.wire.arrays`). Messages that carry stored samples (Batch, Completion) are composed
 piece by piece so that each `PackedSample`'s bytes are spliced in as they are; the frame is
 byte-identical to encoding the full Samples.
 """
@@ -20,13 +20,13 @@ from asyncrl.wire.envelope import wire_name
 from asyncrl.wire.sample import PackedSample
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # record class -> field names (encode hot path)
-_SPLICE_MESSAGES = (R.ToScore, R.Batch, R.Completion)  # what the hub sends with stored samples inside
-_SPLICE_PARENTS = (R.ToScore, R.ToScoreItem, R.Batch, R.Group, R.ScoredSample, R.SampleBatch, R.Completion)
+_SPLICE_MESSAGES = (R.Batch, R.Completion)  # what the hub sends with stored samples inside
+_SPLICE_PARENTS = (R.Batch, R.Group, R.ScoredSample, R.SampleBatch, R.Completion)
 _SPLICE_KEYS: dict[type, tuple[bytes, list[tuple[str, bytes]]]] = {}
 
 
 def encode(msg: Any) -> bytes:
-    """Record -> one frame. `PackedSample`s inside ToScore, Batch and Completion are spliced in as their bytes."""
+    """Record -> one frame. `PackedSample`s inside Batch and Completion are spliced in as their bytes."""
     name = wire_name(msg)
     if type(msg) not in _SPLICE_MESSAGES:
         return msgpack.packb({"v": R.SCHEMA_VERSION, "t": name, "b": msg}, default=_default, use_bin_type=True)

@@ -19,7 +19,7 @@ MESSAGE_TYPES: dict[str, type] = {
     for cls in (
         R.Heartbeat, R.FatalError, R.WeightVersion, R.Stats, R.ErrorReply, R.Ack, R.SubmitPrompts,
         R.LeaseRequest, R.Lease, R.SampleBatch, R.ReturnPrompts, R.ScoreRequest, R.ToScore,
-        R.ScoredBatch, R.ScoredIds, R.BatchRequest, R.Batch, R.CommitStep, R.StatsRequest, R.Completion,
+        R.ScoredIds, R.BatchRequest, R.Batch, R.CommitStep, R.StatsRequest, R.Completion,
         R.Shutdown, R.PeerDown, R.Prompt, R.Sample, R.ScoredSample, R.Group, R.WeightJoin, R.WeightGroupInit,
         R.WeightBegin, R.WeightBucket, R.WeightEnd,
     )

@@ -4,7 +4,8 @@
 `asyncrl.wire.schema`, to the same rules. The hub never needs a sample's arrays: it decodes with
 `decode_packed` and keeps each sample as a `PackedSample`, its exact msgpack bytes plus the few fields
 the hub reads, validated as fully as `decode` does. `asyncrl.wire.encode` splices those bytes into
-the frames that carry them (ToScore, Batch, Completion): never decoded or encoded again.
+the frames that carry them (Batch, Completion): never decoded or encoded again. Reward workers get only
+the response text (`PackedSample.response_text`, read from the bytes without building the arrays).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from asyncrl import records as R
@@ -38,6 +40,17 @@ class PackedSample:
 
     def unpack(self) -> R.Sample:
         return check_sample(unpackb(self.raw), "Sample")
+
+    @property
+    def response_text(self) -> str:
+        """The sample's response text, read from `raw` (validated on arrival) skipping every other value."""
+        u = msgpack.Unpacker(raw=False)
+        u.feed(self.raw)
+        for _ in range(u.read_map_header()):
+            if u.unpack() == "response_text":
+                return u.unpack()
+            u.skip()
+        return ""
 
 
 def check_sample(v: Any, where: Where) -> R.Sample:

@@ -38,8 +38,8 @@ def scorer(peer: HubPeer, count: int) -> dict:
     while done < count:
         todo = peer.request(R.ScoreRequest(worker=peer.name, max_samples=7, wait_s=0.5))
         if todo.items:
-            peer.request(R.ScoredBatch(scored=[R.ScoredSample(sample=it.sample, reward=float(it.sample.sample_index))
-                                               for it in todo.items]))
+            peer.request(R.ScoredIds(scores=[R.ScoreResult(prompt_id=it.prompt_id, sample_index=it.sample_index,
+                                                           reward=float(it.sample_index)) for it in todo.items]))
         done += len(todo.items)
     return {"samples": done}
 

@@ -46,7 +46,6 @@ def valid_frames() -> list[bytes]:
     sb = R.SampleBatch(lease_id="L1", samples=[sample("p1", i, tokens=50) for i in range(2)])
     return [wire.encode(m) for m in (
         sb, R.SubmitPrompts(prompts=[prompt("fz", 2)]), R.LeaseRequest(generator="g", max_prompts=2),
-        R.ScoredBatch(scored=[R.ScoredSample(sample=s, reward=1.0) for s in sb.samples]),
         R.ScoredIds(scores=[R.ScoreResult(prompt_id="p1", sample_index=i, reward=1.0) for i in range(2)]),
         R.BatchRequest(learner="l", step=1, wait_s=0.0), R.Heartbeat(service="x", name="y"),
     )]

@@ -22,7 +22,8 @@ def run_one_step(peer: HubPeer, n_prompts: int = 2, n: int = 2) -> R.Batch:
     peer.request(R.SampleBatch(lease_id=lease.lease_id,
                                samples=[sample(p.prompt_id, i) for p in lease.prompts for i in range(p.n)]))
     todo = peer.request(R.ScoreRequest(worker="r0", max_samples=100, wait_s=1.0))
-    peer.request(R.ScoredBatch(scored=[R.ScoredSample(sample=it.sample, reward=0.5) for it in todo.items]))
+    peer.request(R.ScoredIds(scores=[R.ScoreResult(prompt_id=it.prompt_id, sample_index=it.sample_index, reward=0.5)
+                                     for it in todo.items]))
     return peer.request(R.BatchRequest(learner="l0", step=1, wait_s=2.0))
 
 
@@ -138,10 +139,13 @@ def test_scores_by_id_and_watchers_get_the_samples_as_generated(start_hub, tmp_p
         peer.request(R.SubmitPrompts(prompts=[prompt("a"), prompt("b")], watch=True))
         lease = peer.request(R.LeaseRequest(generator="g0", max_prompts=2, wait_s=1.0))
         sent = [sample(p.prompt_id, i, tokens=5) for p in lease.prompts for i in range(p.n)]
+        for s in sent:
+            s.response_text = f"answer {s.prompt_id}/{s.sample_index}"
         peer.request(R.SampleBatch(lease_id=lease.lease_id, samples=sent))
         todo = peer.request(R.ScoreRequest(worker="r0", max_samples=100, wait_s=1.0))
-        assert [(it.sample.prompt_id, it.sample.sample_index) for it in todo.items] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
-        ack = peer.request(R.ScoredIds(scores=[R.ScoreResult(prompt_id=it.sample.prompt_id, sample_index=it.sample.sample_index,
+        assert [(it.prompt_id, it.sample_index) for it in todo.items] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+        assert [it.response_text for it in todo.items] == [s.response_text for s in sent]  # text only, no arrays
+        ack = peer.request(R.ScoredIds(scores=[R.ScoreResult(prompt_id=it.prompt_id, sample_index=it.sample_index,
                                                              reward=0.25) for it in todo.items]
                                        + [R.ScoreResult(prompt_id="a", sample_index=0, reward=1.0)]))
         assert not ack.ok and ack.info == {"accepted": 4, "rejected": {"not_generated": 1}}

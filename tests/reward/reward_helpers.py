@@ -1,11 +1,9 @@
-"""Shared bits of the reward tests: samples, configs, and a dotted path to reward_fns."""
+"""Shared bits of the reward tests: items to score, configs, and a dotted path to reward_fns."""
 
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from asyncrl.records import FinishReason, RewardSpec, Sample
+from asyncrl.records import RewardSpec, ToScoreItem
 from asyncrl.reward.config import RewardComponentConfig, RewardConfig
 
 sys.path.insert(0, str(Path(__file__).parent))  # pool processes inherit sys.path and import reward_fns
@@ -15,11 +13,9 @@ def fn(name: str) -> str:
     return f"reward_fns:{name}"
 
 
-def sample(text: str, prompt_id: str = "p0", index: int = 0) -> Sample:
-    ids = np.arange(3, dtype=np.int32)
-    return Sample(prompt_id=prompt_id, sample_index=index, prompt_token_ids=ids, response_token_ids=ids,
-                  logprobs=np.zeros(3, np.float32), versions=np.zeros(3, np.int32),
-                  finish_reason=FinishReason.STOP, response_text=text)
+def item(text: str, spec: RewardSpec | None = None, prompt_id: str = "p0", index: int = 0) -> ToScoreItem:
+    """What the hub hands a reward worker for one sample."""
+    return ToScoreItem(prompt_id=prompt_id, sample_index=index, response_text=text, reward=spec or RewardSpec())
 
 
 def config(*components: dict, timeout_s: float = 5.0, process_pool: int = 1, **kw) -> RewardConfig:

@@ -15,7 +15,7 @@ from asyncrl.reward.classifier import SequenceClassifier
 from asyncrl.reward.protocol import RewardFn
 from asyncrl.reward.scorer import Scorer
 from asyncrl.task.embedded import embedded_model_path
-from reward_helpers import config, sample, spec
+from reward_helpers import config, item, spec
 
 TEXTS = ["46<eos>", "1", "-12<eos>", "7+8=15", "99", "3 4", "0<eos>", "12", "5-5=0<eos>", "8"]
 
@@ -75,8 +75,8 @@ def test_through_the_scorer_with_weight_and_a_prompt_pair(two_labels):
     async def go():
         scorer = Scorer(cfg)
         try:
-            return await asyncio.gather(scorer.score(sample("46<eos>"), spec()),
-                                        scorer.score(sample("46<eos>"), spec(prompt="12+34=")))
+            return await asyncio.gather(scorer.score(item("46<eos>", spec())),
+                                        scorer.score(item("46<eos>", spec(prompt="12+34="))))
         finally:
             await scorer.close()
     plain, paired = asyncio.run(go())

@@ -10,7 +10,7 @@ from asyncrl.records import ScoreStatus
 from asyncrl.reward import http
 from asyncrl.reward.http import HttpClient, HttpReward
 from asyncrl.reward.scorer import Scorer
-from reward_helpers import config, sample, spec
+from reward_helpers import config, item, spec
 
 
 class Server:
@@ -82,7 +82,7 @@ def run(script: list[str], texts: list[str], **options):
         opts = {"url": url, "retries": 2, "backoff_s": 0.01, **options}
         scorer = Scorer(config({"kind": "http", "name": "rm", "options": opts}, timeout_s=5.0))
         try:
-            out = [await scorer.score(sample(t), spec("T")) for t in texts]
+            out = [await scorer.score(item(t, spec("T"))) for t in texts]
             return out, server
         finally:
             await scorer.close()
@@ -124,7 +124,7 @@ def test_unreachable_server_fails_the_sample():
     async def go():
         scorer = Scorer(config({"kind": "http", "options": {"url": "http://127.0.0.1:9/x", "retries": 1, "backoff_s": 0.01}}))
         try:
-            return await scorer.score(sample("a"), spec())
+            return await scorer.score(item("a", spec()))
         finally:
             await scorer.close()
     out = asyncio.run(go())

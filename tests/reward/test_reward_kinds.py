@@ -10,14 +10,14 @@ from asyncrl.reward.config import RewardComponentConfig, RewardConfig
 from asyncrl.reward.protocol import RewardFn
 from asyncrl.reward.rules import ExactMatch, RegexMatch, TaskVerifier
 from asyncrl.reward.scorer import Scorer
-from reward_helpers import config, fn, sample, spec
+from reward_helpers import config, fn, item, spec
 
 
 def score(cfg: RewardConfig, text: str, target: str | None = None, **params):
     async def go():
         scorer = Scorer(cfg)
         try:
-            return await scorer.score(sample(text), spec(target, **params))
+            return await scorer.score(item(text, spec(target, **params)))
         finally:
             await scorer.close()
     return asyncio.run(go())
@@ -64,7 +64,7 @@ def test_math_kind_in_a_thread_and_in_the_process_pool():
         scorer = Scorer(config({"kind": "math"}, timeout_s=30))
         try:
             texts = [r"$\boxed{\frac{2}{4}}$", "I think 0.5", r"$\boxed{2}$"]
-            return [s.reward for s in await asyncio.gather(*(scorer.score(sample(t), spec("1/2")) for t in texts))]
+            return [s.reward for s in await asyncio.gather(*(scorer.score(item(t, spec("1/2"))) for t in texts))]
         finally:
             await scorer.close()
     assert asyncio.run(pooled()) == [1.0, 1.0, 0.0]

@@ -7,7 +7,7 @@ import reward_fns
 from asyncrl.records import ScoreStatus
 from asyncrl.reward.offload import Offload
 from asyncrl.reward.scorer import Scorer
-from reward_helpers import config, fn, sample, spec
+from reward_helpers import config, fn, item, spec
 
 
 def test_hung_task_is_killed_the_pool_recreated_and_victims_retried():
@@ -36,7 +36,7 @@ def test_hung_function_through_the_scorer_fails_only_its_sample():
                      {"kind": "task", "weight": 2.0}, timeout_s=1.0)
         scorer = Scorer(cfg)
         try:
-            out = await scorer.score(sample("85"), spec("85"))
+            out = await scorer.score(item("85", spec("85")))
             assert out.status is ScoreStatus.FAILED and out.reason.startswith("hang: timed out")
             assert out.components == {"task": 1.0} and out.reward == 0.0
         finally:
@@ -48,7 +48,7 @@ def test_dying_process_fails_only_its_sample():
     async def go():
         scorer = Scorer(config({"kind": "python", "options": {"function": fn("dies"), "cpu_heavy": True}}, timeout_s=5.0))
         try:
-            out = await scorer.score(sample("x"), spec())
+            out = await scorer.score(item("x", spec()))
             assert out.status is ScoreStatus.FAILED and "process died" in out.reason
             assert scorer.offload.pool_restarts == 1
         finally:

@@ -1,10 +1,10 @@
-"""Weighted combination of components and what ScoredSample reports."""
+"""Weighted combination of components and what ScoreResult reports."""
 
 import asyncio
 
 from asyncrl.records import ScoreStatus
 from asyncrl.reward.scorer import Scorer
-from reward_helpers import config, fn, sample, spec
+from reward_helpers import config, fn, item, spec
 
 
 def test_weighted_sum_and_unweighted_components():
@@ -15,7 +15,7 @@ def test_weighted_sum_and_unweighted_components():
     async def go():
         scorer = Scorer(cfg)
         try:
-            return await asyncio.gather(scorer.score(sample("85"), spec("85")), scorer.score(sample("x"), spec("85")))
+            return await asyncio.gather(scorer.score(item("85", spec("85"))), scorer.score(item("x", spec("85"))))
         finally:
             await scorer.close()
     right, wrong = asyncio.run(go())
@@ -23,7 +23,7 @@ def test_weighted_sum_and_unweighted_components():
     assert abs(right.reward - (1.0 + 0.5 - 0.02)) < 1e-9
     assert wrong.components == {"task": 0.0, "format": 0.0, "len": 0.1}
     assert abs(wrong.reward - (-0.01)) < 1e-9
-    assert right.sample.response_text == "85"
+    assert (right.prompt_id, right.sample_index) == ("p0", 0)  # by id: the hub keeps the sample
 
 
 def test_one_failing_component_fails_the_sample_and_keeps_the_others():
@@ -32,7 +32,7 @@ def test_one_failing_component_fails_the_sample_and_keeps_the_others():
     async def go():
         scorer = Scorer(cfg)
         try:
-            return await scorer.score(sample("85"), spec("85"))
+            return await scorer.score(item("85", spec("85")))
         finally:
             await scorer.close()
     out = asyncio.run(go())

@@ -7,7 +7,7 @@ from asyncrl.peer import HubError
 from asyncrl.records import Ack, Heartbeat, RewardSpec, ScoredIds, ScoreRequest, ScoreStatus, ToScore, ToScoreItem
 from asyncrl.reward.scorer import Scorer
 from asyncrl.reward.worker import RewardWorker
-from reward_helpers import config, fn, sample
+from reward_helpers import config, fn, item
 
 
 class FakePeer:
@@ -44,7 +44,7 @@ class FakePeer:
 
 def items(n: int) -> list[ToScoreItem]:
     texts = ["85", "58", "oops"]
-    return [ToScoreItem(sample=sample(texts[i % 3], f"p{i // 4}", i % 4), reward=RewardSpec(target="85")) for i in range(n)]
+    return [item(texts[i % 3], RewardSpec(target="85"), f"p{i // 4}", i % 4) for i in range(n)]
 
 
 
