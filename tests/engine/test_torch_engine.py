@@ -9,6 +9,8 @@ import torch
 import transformers
 from engine_helpers import drain, engine, hf_logprobs, request
 
+from asyncrl.engine.torch.engine import TorchEngine
+from asyncrl.engine.torch.model.config import ArchConfig
 from asyncrl.records import FinishReason
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
@@ -291,3 +293,15 @@ def test_stats_and_timings(qwen2_path):
     timings = outs[("b", 0)].timings
     assert set(timings) >= {"queue", "prefill", "decode"} and all(v >= 0 for v in timings.values())
     assert timings["queue"] > 0  # b waited for a's samples
+
+
+def test_unsupported_architecture_names_the_supported_ones():
+    with pytest.raises(ValueError, match=r"'GPT2LMHeadModel'.*LlamaForCausalLM.*Qwen2ForCausalLM"):
+        ArchConfig.from_hf("GPT2LMHeadModel", object())
+
+
+def test_unsupported_architecture_folder_is_rejected(tmp_path):
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=64)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        TorchEngine(tmp_path)
