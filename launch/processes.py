@@ -1,4 +1,8 @@
-"""Child processes of a run: spawn with a log file each, poll, stop politely then firmly."""
+"""Child processes of a run: spawn with a log file each, poll, stop politely then firmly.
+
+A `Child` holds a `Proc`: `LocalProc` for a process this launcher started, or a handle to one a Ray actor
+started on another node (`launch.ray_host.RayProc`); both signal the whole process group of the service.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 
 @dataclass(kw_only=True)
@@ -22,23 +27,72 @@ class ProcessSpec:
     role: str = ""  # what it proves to the hub: "generator", "reward", "learner", "launcher" (the hub: "")
 
 
+class Proc(Protocol):
+    """A started service process, on this host or another: what the supervisor needs of it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit code; subprocess.TimeoutExpired when it runs past `timeout`."""
+
+    def signal_group(self, sig: int) -> None:
+        """Send `sig` to its process group (the service and anything it started); gone already: nothing."""
+
+
+class LocalProc:
+    """A process of this host (`Popen`), started in a session of its own."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 @dataclass
 class Child:
     spec: ProcessSpec
-    proc: subprocess.Popen
+    proc: Proc
     log_path: Path
     restarts: int = 0
 
 
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM when the launcher dies, even by SIGKILL (no orphans)."""
+def _in_child() -> None:
+    """Before exec: no signal blocked (a blocked mask survives exec, and a Ray worker that starts a service
+    blocks SIGINT, which would keep Ctrl-C from reaching the learner); and, on Linux, SIGTERM when the
+    parent dies, even by SIGKILL (no orphans)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the launcher's own SIGTERM / Ctrl-C handling still stops the children
 
 
-def spawn(spec: ProcessSpec, log_dir: Path) -> Child:
+def spawn(spec: ProcessSpec, log_dir: Path, cwd: str | None = None) -> Child:
+    """`python -m spec.module` on this host, its output in log_dir/<name>.log (cwd: default this process's)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{spec.name}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
@@ -46,30 +100,23 @@ def spawn(spec: ProcessSpec, log_dir: Path) -> Child:
         proc = subprocess.Popen(
             [sys.executable, "-m", spec.module, *spec.args], stdout=logf, stderr=subprocess.STDOUT, env=env,
             stdin=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C reaches the launcher only
-            preexec_fn=_die_with_parent,
+            preexec_fn=_in_child, cwd=cwd,
         )
-    return Child(spec, proc, log_path)
+    return Child(spec, LocalProc(proc), log_path)
 
 
 def stop(children: list[Child], grace_s: float = 20.0) -> None:
     """SIGTERM everyone, wait up to grace_s, then SIGKILL what is left."""
     for child in children:
         if child.proc.poll() is None:
-            _signal(child, signal.SIGTERM)
+            child.proc.signal_group(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for child in children:
         try:
             child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _signal(child, signal.SIGKILL)
+            child.proc.signal_group(signal.SIGKILL)
             child.proc.wait()
-
-
-def _signal(child: Child, sig: int) -> None:
-    try:
-        os.killpg(child.proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def log_tail(child: Child, lines: int = 15) -> str:

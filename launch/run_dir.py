@@ -1,4 +1,4 @@
-"""Where a run lives: pick (or reuse, on --resume) the run directory; pick free ports.
+"""Where a run lives: pick (or reuse, on --resume) the run directory.
 
     new run:  --run-dir DIR (or launch.run_dir, or runs/<timestamp>) must not hold a run yet
     --resume: DIR must hold a run (config.json) that has not reached learner.steps
@@ -8,11 +8,11 @@ Each refusal is a `RunDirError` whose message is the one line the launcher print
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 from asyncrl.config.run import RunConfig
+from launch.ports import free_port  # noqa: F401 - launch.run_dir.free_port predates launch.ports
 from launch.progress import last_metrics
 
 
@@ -51,9 +51,3 @@ def make_run_dir(cfg: RunConfig, run_dir: str | None, resume: str | None) -> Pat
                           "or pick a new directory")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -1,6 +1,7 @@
 """Start, watch and stop the processes of one run.
 
     launcher ─spawn─▶ replay ─▶ learner ranks ─▶ generators ─▶ reward workers
+        │  on a Host (launch/host.py): this machine, or Ray nodes; each service binds the address of its node
         │  secret: RUN_DIR/secret (0600); each child gets its role's key in its environment
         │  feeder thread: keeps the hub's prompt queue topped up
         │  watch loop (every 0.5 s):
@@ -25,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from asyncrl import records as R
 from asyncrl.config.run import RunConfig
 from asyncrl.credentials import Credentials, RunSecret
@@ -33,11 +33,11 @@ from asyncrl.feeder import Feeder
 from asyncrl.peer import ENV_RECONNECT, HubPeer
 from asyncrl.prometheus import LOOPBACK, metrics_url, url_port
 from asyncrl.rundir import write_json
+from launch.host import Host, LocalHost
 from launch.placement import Placement, nccl_env, run_placement
-from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
+from launch.processes import Child, ProcessSpec, log_tail, stop
 from launch.progress import Progress, last_metrics
 from launch.restarts import RestartBudget
-from launch.run_dir import free_port
 from launch.watchdog import ProgressWatchdog
 
 log = logging.getLogger("launch")
@@ -53,16 +53,19 @@ class RunFailed(RuntimeError):
 
 
 class Supervisor:
-    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool, placement: Placement | None = None) -> None:
+    def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool, placement: Placement | None = None,
+                 host: Host | None = None) -> None:
         self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
         self.placement = placement or run_placement(cfg)
-        host = cfg.launch.host
-        self.endpoints = {"replay": f"tcp://{host}:{free_port(host)}", "weights": f"tcp://{host}:{free_port(host)}"}
-        self.master_port = free_port(host)
-        # Prometheus endpoints (loopback; the hub keeps its port across restarts), launch.prometheus
-        hub_port = free_port(LOOPBACK)
-        learner_port = next(p for p in iter(lambda: free_port(LOOPBACK), None) if p != hub_port)
-        self.metrics_endpoints = ({"hub": metrics_url(hub_port), "learner": metrics_url(learner_port)}
+        self.host = host or LocalHost(cfg.launch.host)
+        self._taken: set[int] = set()
+        # The hub binds its host's address, learner rank 0 its own (weights socket, both rendezvous stores);
+        # Prometheus endpoints are on loopback where each runs (the hub keeps its ports across restarts).
+        hub_at, self.master_addr = self.host.address("replay"), self.host.address("learner-0")
+        hub_port, hub_metrics = self._ports("replay", [hub_at, LOOPBACK])
+        weights_port, self.master_port, learner_metrics = self._ports("learner-0", [self.master_addr] * 2 + [LOOPBACK])
+        self.endpoints = {"replay": f"tcp://{hub_at}:{hub_port}", "weights": f"tcp://{self.master_addr}:{weights_port}"}
+        self.metrics_endpoints = ({"hub": metrics_url(hub_metrics), "learner": metrics_url(learner_metrics)}
                                   if cfg.launch.prometheus else {})
         self.secret = RunSecret.ensure(run_dir)
         self.credentials = Credentials.for_role(self.secret, "launcher")
@@ -92,7 +95,7 @@ class Supervisor:
         gpu = nccl_env() if any(d.startswith("cuda") for d in self.placement.learner + self.placement.generators) else {}
         for rank, device in enumerate(self.placement.learner):
             env = {**gpu, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": cfg.launch.host, "MASTER_PORT": str(self.master_port)}
+                   "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
             out.append(self._service(f"learner-{rank}", "services.learner", "learner", device, env=env))
         for i, device in enumerate(self.placement.generators):
             out.append(self._service(f"generator-{i}", "services.generator", "generator", device, restartable=True,
@@ -106,7 +109,7 @@ class Supervisor:
     def start(self) -> None:
         self._write_run_json()
         for spec in self.specs():
-            self.children[spec.name] = spawn(spec, self.run_dir / "logs")
+            self.children[spec.name] = self.host.spawn(spec, self.run_dir / "logs")
             self.budgets[spec.name] = RestartBudget(self.cfg.launch.max_restarts, self.cfg.launch.restart_window_s)
             self._write_run_json()
             if spec.name == "replay":
@@ -134,7 +137,7 @@ class Supervisor:
         """Ctrl-C: the learner checkpoints and exits; wait for it, bounded."""
         for name, child in self.children.items():
             if name.startswith("learner") and child.proc.poll() is None:
-                os.killpg(child.proc.pid, signal.SIGINT)
+                child.proc.signal_group(signal.SIGINT)
         deadline = time.monotonic() + 120
         for name, child in self.children.items():
             if name.startswith("learner"):
@@ -156,6 +159,7 @@ class Supervisor:
         stop([c for n, c in self.children.items() if n == "replay"])
         if self.peer is not None:
             self.peer.close()
+        self.host.close()
         accounting = stats.get("accounting") or {
             "error": "the hub did not answer at the end; its log in the run directory still holds the state: "
                      "`python -m launch --resume RUN_DIR` continues the run and reports it"}
@@ -185,7 +189,7 @@ class Supervisor:
             raise RunFailed(f"{self.budgets[name].spent_message(name)}; last lines:\n{log_tail(child)}")
         log.warning("%s exited with code %s; restarting (%d within %.0f s allowed)", name, code,
                     self.cfg.launch.max_restarts, self.cfg.launch.restart_window_s)
-        self.children[name] = spawn(child.spec, self.run_dir / "logs")
+        self.children[name] = self.host.spawn(child.spec, self.run_dir / "logs")
         self._write_run_json()
 
     def _report_down(self, child: Child, code: int) -> None:
@@ -203,7 +207,7 @@ class Supervisor:
             return self._stats()
         if hub.proc.poll() is not None and self.budgets["replay"].take():
             log.warning("the hub is down at the end; restarting it from its log for the final accounting")
-            self.children["replay"] = spawn(hub.spec, self.run_dir / "logs")
+            self.children["replay"] = self.host.spawn(hub.spec, self.run_dir / "logs")
         deadline = time.monotonic() + HUB_READY_S
         while True:
             stats = self._stats()
@@ -218,8 +222,17 @@ class Supervisor:
         except Exception:  # noqa: BLE001 - progress must not kill the run
             return {}
 
+    def _ports(self, name: str, addresses: list[str]) -> list[int]:
+        """Free ports where `name` runs, none picked before in this run (two services may share a host)."""
+        while True:
+            ports = self.host.free_ports(name, addresses)
+            if not self._taken.intersection(ports):
+                self._taken.update(ports)
+                return ports
+
     def _write_run_json(self) -> None:
         pids = {n: c.proc.pid for n, c in self.children.items()}
-        write_json(self.run_dir / "run.json", {"endpoints": self.endpoints, "pids": pids,
+        addresses = {n: self.host.address(n) for n in self.children}  # a pid is one of the process at that address
+        write_json(self.run_dir / "run.json", {"endpoints": self.endpoints, "pids": pids, "addresses": addresses,
                                                "master_port": self.master_port,
                                                "metrics_endpoints": self.metrics_endpoints})
