@@ -25,10 +25,8 @@ def main() -> None:
     worker.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
     log.info("generator %s on %s serving %s", args.name, args.device, endpoints["replay"])
     try:
-        while not (stop.is_set() or worker.stopping):
-            worker.run_once()
+        worker.run(stop.is_set)
     finally:
-        worker.shutdown()
         for close in closers:
             close()
 

@@ -39,7 +39,7 @@ def build_generator(
     timeline = Timeline(run_dir, name)
     worker = GeneratorWorker(
         name=name, engine=engine, hub=hub, tokenizer=tokenizer, max_running=cfg.generator.max_running,
-        inflight_update=cfg.generator.inflight_update, weights=weights, seed=cfg.generator.seed,
+        weights=weights, seed=cfg.generator.seed,
         heartbeat_s=cfg.generator.heartbeat_s, timeline=timeline,
         group_size=cfg.batch.samples_per_prompt,
     )

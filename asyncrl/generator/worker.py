@@ -10,8 +10,9 @@ One thread drives everything, so weight updates land exactly between two decode 
 * Backpressure: the worker asks for at most `free // n` prompts (whole groups that fit in
   `max_running`), and only when its weights are as new as the hub's policy version; the hub's
   staleness rule may answer with fewer (or none).
-* A group is sent once all n samples finished; with `inflight_update = "abort"`, a weight update
-  aborts running groups and their prompts go back to the hub (nothing partial is ever sent).
+* A group is sent once all n samples finished. Whether a weight update aborts running groups is the
+  push's pause mode (the learner sends `generator.inflight_update`); aborted outputs come back from
+  `weights.poll()` and their prompts go back to the hub (nothing partial is ever sent).
 * Staleness: each token carries the version that sampled it; with "continue", one sample may span
   several versions (the hub drops by the oldest).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,11 +65,11 @@ class _Group:
 class GeneratorWorker:
     def __init__(
         self, *, name: str, engine: Engine, hub: Hub, tokenizer: Tokenizer | None, max_running: int,
-        inflight_update: str = "continue", weights: WeightSource | None = None, seed: int = 0,
+        weights: WeightSource | None = None, seed: int = 0,
         heartbeat_s: float = 2.0, timeline: Timeline | None = None, group_size: int = 1,
     ) -> None:
         self.name, self.engine, self.hub, self.tokenizer = name, engine, hub, tokenizer
-        self.max_running, self.inflight_update, self.weights = max_running, inflight_update, weights
+        self.max_running, self.weights = max_running, weights
         self.seed, self.heartbeat_s = seed, heartbeat_s
         self.group_size = group_size  # expected samples per prompt, to size lease requests
         self.timeline = timeline or Timeline(None, name)
@@ -82,9 +84,10 @@ class GeneratorWorker:
 
     # ------------------------------------------------------------------ loop
 
-    def run(self) -> None:
+    def run(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Loop until the hub asks for shutdown or `stop()`; then give unfinished prompts back."""
         try:
-            while not self.stopping:
+            while not (self.stopping or stop()):
                 self.run_once()
         finally:
             self.shutdown()

@@ -129,3 +129,12 @@ def test_shutdown_returns_unfinished_prompts():
     w.run_once()
     w.shutdown()
     assert sorted(hub.returned) == ["p0", "p1"]
+
+
+def test_run_loops_until_stop_then_returns_unfinished_prompts():
+    engine, hub = FakeEngine(), FakeHub(prompts(2, n=3))
+    w = worker(engine, hub)
+    rounds = iter(range(2))
+    w.run(stop=lambda: next(rounds, None) is None)  # two rounds, then stop
+    assert len(engine.requests) == 2 and not hub.sent  # sample 2 of each needs a third step
+    assert sorted(hub.returned) == ["p0", "p1"] and not w.groups
