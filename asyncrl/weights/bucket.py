@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from asyncrl.records import WeightBucket
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
@@ -57,6 +61,12 @@ class BucketLayout:
     shapes: list[list[int]]  # [] for a scalar
     offsets: list[int]  # byte offset of each tensor in the flat buffer
     nbytes: int  # total bytes of the flat buffer
+
+    @classmethod
+    def of(cls, bucket: WeightBucket) -> BucketLayout:
+        """The layout a WeightBucket announces."""
+        return cls(names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes, offsets=bucket.offsets,
+                   nbytes=bucket.nbytes)
 
     def validate(self, max_nbytes: int | None = None) -> None:
         """Raise ValueError naming the first thing wrong; called by both sides before any transfer."""

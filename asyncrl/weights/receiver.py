@@ -113,7 +113,7 @@ class WeightReceiver:
         """Ask the learner for weights (done on start; again after a failed or missed update)."""
         self._send(WeightJoin(generator=self.name, weight_version=self.version, device=str(self.device),
                               host=self.host, gpu_uuid=gpu_uuid(self.device),
-                              receiving_ranks=int(getattr(self.engine, "receiving_ranks", lambda: 1)())))
+                              receiving_ranks=self.engine.receiving_ranks()))
 
     def poll(self, timeout_s: float = 0.0) -> UpdateResult | None:
         """Handle pending learner messages; runs a whole update if one begins. None when none ran."""
@@ -186,8 +186,7 @@ class WeightReceiver:
             index += 1
 
     def _load_bucket(self, bucket: WeightBucket, timings: dict[str, float]) -> None:
-        layout = BucketLayout(names=bucket.names, dtypes=bucket.dtypes, shapes=bucket.shapes,
-                              offsets=bucket.offsets, nbytes=bucket.nbytes)
+        layout = BucketLayout.of(bucket)
         layout.validate(self.max_bucket_bytes)
         t = time.perf_counter()
         if isinstance(self.engine, DirectReceiver):  # the engine's own ranks receive and load

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from asyncrl.engine.sglang.client import Response, SGLangError, SGLangHTTP, SGLangHTTPError, error_message
 from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.records import WeightBucket
+from asyncrl.weights.bucket import BucketLayout
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +107,12 @@ class SGLangWeightSync:
     def receive_bucket(self, bucket: WeightBucket, group_name: str) -> str:
         """One asyncrl flat bucket, received by SGLang's ranks in a single "flattened_bucket" broadcast;
         returns after the server has received and loaded it."""
-        check_packed(bucket)
+        # SGLang's flattened_bucket is our layout (no padding, offsets aligned per dtype); a bad one fails here,
+        # before the HTTP call, so no rank waits on a broadcast that never comes.
+        BucketLayout.of(bucket).validate()
         payload = {
             "names": list(bucket.names),
-            "dtypes": [d.removeprefix("torch.") for d in bucket.dtypes],  # SGLang wants getattr(torch, s) names
+            "dtypes": list(bucket.dtypes),  # validated: getattr(torch, s) names, as SGLang wants
             "shapes": [[int(x) for x in s] for s in bucket.shapes],
             "group_name": group_name,
             "flush_cache": False,  # flushed separately while idle; a busy flush fails the call
@@ -148,24 +149,3 @@ class SGLangWeightSync:
 
     def _call(self, path: str, payload: dict, allow: tuple[int, ...] = ()) -> Response:
         return self._http.call(path, payload, timeout_s=self._config.request_timeout_s, allow=allow)
-
-
-def check_packed(bucket: WeightBucket) -> None:
-    """SGLang reads a flattened bucket with no padding (off_0 = 0, off_i+1 = off_i + nbytes_i) and
-    refuses misaligned or empty ones. Checked before the HTTP call, so nothing hangs."""
-    if not bucket.names:
-        raise ValueError(f"weight bucket of version {bucket.version} is empty; SGLang cannot receive it")
-    offset = 0
-    for name, dtype, shape, got in zip(bucket.names, bucket.dtypes, bucket.shapes, bucket.offsets, strict=True):
-        dt = getattr(torch, dtype.removeprefix("torch."), None)
-        if not isinstance(dt, torch.dtype):
-            raise ValueError(f"weight bucket tensor {name!r}: dtype {dtype!r} is not a torch dtype name")
-        itemsize = dt.itemsize
-        if got != offset or offset % itemsize:
-            raise ValueError(
-                f"weight bucket tensor {name!r} at byte {got}: SGLang's flattened_bucket expects it packed at "
-                f"byte {offset}, aligned to {itemsize}; group buckets by dtype and do not pad"
-            )
-        offset += torch.Size(shape).numel() * itemsize
-    if offset != bucket.nbytes:
-        raise ValueError(f"weight bucket declares {bucket.nbytes} bytes, its tensors hold {offset}")
