@@ -44,6 +44,7 @@ from asyncrl import records as R
 from asyncrl.credentials import SECRET_FILE, Credentials
 from asyncrl.peer import HubError, HubPeer
 from asyncrl.reward.reference import RewardComponentRef, complete_reference, run_reward_components
+from asyncrl.rundir import ENDPOINT_FILE
 from asyncrl.task.prompt_row import parse_row
 
 PromptLike = str | list[int] | dict[str, Any] | R.Prompt
@@ -57,7 +58,7 @@ def endpoint_from_run_dir(run_dir: str | Path) -> str:
         endpoint = json.loads(run_json.read_text()).get("endpoints", {}).get("replay")
         if endpoint:
             return endpoint
-    ep_file = run_dir / "replay.endpoint"
+    ep_file = run_dir / ENDPOINT_FILE
     if ep_file.exists():
         return ep_file.read_text().strip()
     raise FileNotFoundError(f"{run_dir}: no run.json with endpoints.replay and no replay.endpoint; is the run up?")

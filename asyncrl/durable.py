@@ -28,9 +28,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     """Temporary name, fsync, rename, fsync of the folder: a reader sees the old file or the new one."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    write_synced(tmp, json.dumps(data, indent=2).encode())
+    write_synced(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """`data` as indented JSON, written atomically (write_atomic)."""
+    write_atomic(path, json.dumps(data, indent=2).encode())

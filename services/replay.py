@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -23,9 +22,8 @@ from asyncrl.config.run import load_run_config
 from asyncrl.credentials import RunSecret
 from asyncrl.replay.hub import Hub, install_uvloop
 from asyncrl.replay.log import LogCorrupt
-from asyncrl.rundir import load_config
+from asyncrl.rundir import load_config, write_endpoint
 
-ENDPOINT_FILE = "replay.endpoint"
 EXIT_LOG_CORRUPT = 2  # the journal is damaged: restarting cannot help, a person must act
 
 
@@ -38,12 +36,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port; default: off)")
     return ap.parse_args(argv)
-
-
-def write_endpoint(run_dir: Path, endpoint: str) -> None:
-    tmp = run_dir / f".{ENDPOINT_FILE}.{os.getpid()}"
-    tmp.write_text(endpoint + "\n")
-    os.replace(tmp, run_dir / ENDPOINT_FILE)
 
 
 async def serve(hub: Hub) -> None:
