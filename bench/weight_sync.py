@@ -74,6 +74,9 @@ class SinkEngine:
         self.weight_version = version
         self.updates += 1
 
+    def receiving_ranks(self) -> int:
+        return 1
+
     def stats(self) -> EngineStats:
         return EngineStats(running=0, waiting=0, tokens_generated=0, weight_version=self.weight_version)
 

@@ -21,7 +21,7 @@ from asyncrl.records import FinishReason, SamplingParams
 @dataclass(kw_only=True, slots=True)
 class GenerationRequest:
     request_id: str  # unique; the n samples of it get outputs with sample_index 0..n-1
-    prompt_token_ids: list[int]
+    prompt_token_ids: np.ndarray  # [prompt_len] int32, as in Prompt.token_ids and Sample.prompt_token_ids
     sampling: SamplingParams
     n: int = 1
 
@@ -76,6 +76,10 @@ class Engine(Protocol):
 
     def end_weight_update(self, version: int) -> None:
         """Tokens generated after this call are stamped with `version`."""
+
+    def receiving_ranks(self) -> int:
+        """Ranks this engine adds to a weight group (world_size = 1 + this): 1 when this process receives
+        the weights; an SGLang server's TP size, whose scheduler ranks receive them."""
 
     def stats(self) -> EngineStats: ...
 

@@ -90,6 +90,7 @@ def test_instance_is_an_engine_and_runs_the_cycle(backend):
     eng = backend.engine
     assert isinstance(eng, Engine)
     assert isinstance(eng.stats(), EngineStats) and isinstance(eng.weight_version, int)
+    assert eng.receiving_ranks() == 1  # torch: this process; SGLang: the double's TP size (1)
     outs = drain(eng, {0: [request("c", [4, 5, 6], n=2, max_new_tokens=3)]})
     assert all(isinstance(o, GenerationOutput) for o in outs.values()) and len(outs) == 2
     assert eng.pause("continue") == [] and eng.pause("abort") == []

@@ -76,6 +76,9 @@ class FakeEngine:
         self._version = version
         self.events.append(f"end:{version}")
 
+    def receiving_ranks(self) -> int:
+        return 1
+
 
 def run_generator(endpoint: str, name: str, out_q, stop, device: str = "cpu", fail_load_at_version=None,
                   die_at_version=None) -> None:

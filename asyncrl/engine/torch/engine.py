@@ -122,7 +122,7 @@ class TorchEngine:
 
     def add(self, request: GenerationRequest) -> None:
         self._check_open()
-        prompt = [int(t) for t in request.prompt_token_ids]
+        prompt = request.prompt_token_ids.tolist()  # sequences grow by appending: Python ints inside
         self._validate(request, prompt)
         sampling = request.sampling
         seed = sampling.seed if sampling.seed is not None else self._seed_rng.getrandbits(63)
@@ -183,6 +183,9 @@ class TorchEngine:
             raise RuntimeError("end_weight_update() without begin_weight_update()")
         self._updating = False
         self._version = int(version)
+
+    def receiving_ranks(self) -> int:
+        return 1  # this process receives and loads
 
     # ---------------------------------------------------------------- status
 
