@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 
 from asyncrl import records as R
-from asyncrl import wire
+from asyncrl import endpoints, wire
 from asyncrl.config.batch import BatchConfig
 from asyncrl.credentials import is_local
 from asyncrl.prometheus import PrometheusExporter, Sample
@@ -79,7 +79,7 @@ class Hub:
         self.sock.setsockopt(zmq.MAXMSGSIZE, 2 * cfg.max_frame_bytes)  # beyond: transport drops the peer
         self.sock.setsockopt(zmq.RCVHWM, recv_hwm(cfg.max_frame_bytes))
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
-        self.endpoint = _bind(self.sock, endpoint)
+        self.endpoint = endpoints.bind(self.sock, endpoint)
         self.raw = zmq.Socket.shadow(self.sock.underlying)  # sync view: drain/send without awaiting
         self._running = True  # until stop(): a stop() before serve() starts must still end it
         self._next_tick = 0.0
@@ -174,14 +174,6 @@ def recv_hwm(max_frame_bytes: int) -> int:
     """Receive high-water mark (frames per connection) that keeps queued frames within RECV_BUDGET_BYTES
     (at least 4: peers are request/reply; past the mark ZeroMQ applies TCP backpressure, nothing is lost)."""
     return max(4, min(10_000, RECV_BUDGET_BYTES // (2 * max_frame_bytes)))
-
-
-def _bind(sock: zmq.Socket, endpoint: str) -> str:
-    """Bind; a tcp port of 0 picks a free port. Returns the endpoint actually bound."""
-    if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[1] == "0":
-        endpoint = endpoint.rsplit(":", 1)[0] + ":*"
-    sock.bind(endpoint)
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
 def install_uvloop() -> None:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import zmq
 
-from asyncrl import wire
+from asyncrl import endpoints, wire
 from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGroupInit, WeightJoin
 from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, iter_buckets
 from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
@@ -91,8 +91,7 @@ class WeightSender:
             self._zap.secure(self._sock, endpoint)
         bound_socket(self._sock)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, not drops
-        self._sock.bind(endpoint.replace(":0", ":*") if endpoint.endswith(":0") else endpoint)
-        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint: str = endpoints.bind(self._sock, endpoint)
 
     # ------------------------------------------------------------------ public
 
