@@ -21,6 +21,7 @@ import os
 import subprocess
 import time
 
+import numpy as np
 import torch
 
 SHAPES = {
@@ -71,7 +72,7 @@ def run_engine(eng, batch_prompts, output_len: int, temperature: float = 1.0):
     torch.cuda.synchronize()
     start = time.perf_counter()
     for i, p in enumerate(batch_prompts):
-        eng.add(GenerationRequest(request_id=f"r{i}", prompt_token_ids=p, sampling=params))
+        eng.add(GenerationRequest(request_id=f"r{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
     outs, decode_s, decode_ctx, decode_steps = [], 0.0, [], 0
     while eng.has_work():
         prefills = eng.counters["prefills"]

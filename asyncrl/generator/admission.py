@@ -10,9 +10,10 @@ engine's own check in `add`, whose ValueError the worker treats the same way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +33,12 @@ def _positive_int(v: Any) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-def why_not(ids: Sequence[int], max_new_tokens: int, limits: EngineLimits) -> str:
-    """'' if the engine can take this prompt, else the reason it cannot (for the hub and the log)."""
+def why_not(ids: np.ndarray, max_new_tokens: int, limits: EngineLimits) -> str:
+    """'' if the engine can take this prompt (`ids`: [prompt_len] int32), else the reason it cannot
+    (for the hub and the log)."""
     if len(ids) == 0:
         return "empty prompt: no token ids (and no text to tokenize)"
-    low, high = min(ids), max(ids)
+    low, high = int(ids.min()), int(ids.max())
     if low < 0 or (limits.vocab_size is not None and high >= limits.vocab_size):
         bad = low if low < 0 else high
         return f"token id {bad} is outside the vocabulary [0, {limits.vocab_size or 'vocab'})"

@@ -57,7 +57,7 @@ class Tokenizer(Protocol):
 class _Group:
     prompt: R.Prompt
     lease_id: str
-    token_ids: np.ndarray
+    token_ids: np.ndarray  # [prompt_len] int32: what the engine got, sent back as Sample.prompt_token_ids
     leased_at: float
     outputs: dict[int, GenerationOutput] = field(default_factory=dict)
 
@@ -167,7 +167,7 @@ class GeneratorWorker:
         log.warning("%s: prompt %r failed: %s", self.name, prompt.prompt_id, reason)
         self.hub.request(R.ReturnPrompts(lease_id=lease_id, prompt_ids=[prompt.prompt_id], reason=reason[:1000]))
 
-    def _add(self, prompt: R.Prompt, lease_id: str, ids: Any) -> None:
+    def _add(self, prompt: R.Prompt, lease_id: str, ids: np.ndarray) -> None:
         sampling = R.SamplingParams(
             temperature=prompt.sampling.temperature, top_p=prompt.sampling.top_p, top_k=prompt.sampling.top_k,
             max_new_tokens=prompt.sampling.max_new_tokens, stop_token_ids=list(prompt.sampling.stop_token_ids),
@@ -175,14 +175,15 @@ class GeneratorWorker:
             seed=prompt.sampling.seed if prompt.sampling.seed is not None else self._seed_for(prompt.prompt_id),
         )
         self.engine.add(GenerationRequest(
-            request_id=prompt.prompt_id, prompt_token_ids=[int(t) for t in ids], sampling=sampling, n=prompt.n
+            request_id=prompt.prompt_id, prompt_token_ids=ids, sampling=sampling, n=prompt.n
         ))  # raises ValueError for a request it cannot take; then nothing is registered here
-        self.groups[prompt.prompt_id] = _Group(prompt, lease_id, np.asarray(ids, dtype=np.int32), time.time())
+        self.groups[prompt.prompt_id] = _Group(prompt, lease_id, ids, time.time())
 
-    def _tokenize(self, text: str) -> list[int]:
+    def _tokenize(self, text: str) -> np.ndarray:
         if self.tokenizer is None:
             raise ValueError("prompt has text but this generator has no tokenizer: send token_ids")
-        return list(self.tokenizer.encode(text))  # with the model's special tokens (BOS), as a chat template would
+        ids = self.tokenizer.encode(text)  # with the model's special tokens (BOS), as a chat template would
+        return np.asarray(ids, dtype=np.int32)
 
     def _seed_for(self, prompt_id: str) -> int:
         return zlib.crc32(f"{self.seed}:{prompt_id}".encode()) & 0x7FFFFFFF
@@ -221,8 +222,8 @@ class GeneratorWorker:
             text = self.tokenizer.decode(o.token_ids, skip_special_tokens=True) if self.tokenizer else ""
             out.append(R.Sample(
                 prompt_id=group.prompt.prompt_id, sample_index=index, prompt_token_ids=group.token_ids,
-                response_token_ids=o.token_ids.astype(np.int32), logprobs=o.logprobs.astype(np.float32),
-                versions=o.versions.astype(np.int32), finish_reason=o.finish_reason, response_text=text,
+                response_token_ids=o.token_ids, logprobs=o.logprobs, versions=o.versions,  # dtypes: the Engine protocol's
+                finish_reason=o.finish_reason, response_text=text,
                 timings={**o.timings, "lease_to_done": time.time() - group.leased_at}, generator=self.name,
             ))
         return out

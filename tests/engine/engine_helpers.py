@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from asyncrl.engine.protocol import GenerationOutput, GenerationRequest
@@ -18,7 +19,8 @@ def engine(path, **kw) -> TorchEngine:
 
 def request(rid: str, prompt: list[int], n: int = 1, **sampling) -> GenerationRequest:
     sampling.setdefault("max_new_tokens", 12)
-    return GenerationRequest(request_id=rid, prompt_token_ids=prompt, sampling=SamplingParams(**sampling), n=n)
+    return GenerationRequest(request_id=rid, prompt_token_ids=np.asarray(prompt, np.int32),
+                             sampling=SamplingParams(**sampling), n=n)
 
 
 def drain(eng: TorchEngine, arrivals: dict[int, list[GenerationRequest]] | None = None, max_steps: int = 10_000):

@@ -38,7 +38,8 @@ def engine(double):
 
 
 def request(rid: str, n: int = 1, prompt: list[int] = PROMPT, **sampling) -> GenerationRequest:
-    return GenerationRequest(request_id=rid, prompt_token_ids=prompt, sampling=SamplingParams(**sampling), n=n)
+    return GenerationRequest(request_id=rid, prompt_token_ids=np.asarray(prompt, np.int32),
+                             sampling=SamplingParams(**sampling), n=n)
 
 
 def expected_logprobs(double: SGLangDouble, prompt, out, temperature: float, version: str) -> np.ndarray:
@@ -259,7 +260,7 @@ def test_integer_fields_go_out_as_integers():
     """SGLang >= 0.5.22 answers 400 "expected i64" to top_k=20.0; integral floats are converted."""
     with SGLangDouble(deterministic=True) as d, make_engine(d, deterministic=True) as e:
         sampling = SamplingParams(top_k=20.0, stop_token_ids=[5.0], seed=3.0, max_new_tokens=np.int64(6))
-        e.add(GenerationRequest(request_id="f", prompt_token_ids=[np.int64(5), 6], sampling=sampling, n=2))
+        e.add(GenerationRequest(request_id="f", prompt_token_ids=np.array([5, 6], np.int32), sampling=sampling, n=2))
         assert len(collect(e)) == 2
         body = next(b for p, b in d.calls if p == "/generate")
         p0 = body["sampling_params"][0]

@@ -70,7 +70,7 @@ def push(engine: SGLangEngine, pg, tensors: dict[str, torch.Tensor], version: in
 
 def test_full_update_flow_stamps_new_version_on_later_tokens(rig):
     double, engine, pg = rig
-    engine.add(GenerationRequest(request_id="live", prompt_token_ids=PROMPT, n=2,
+    engine.add(GenerationRequest(request_id="live", prompt_token_ids=np.asarray(PROMPT, np.int32), n=2,
                                  sampling=SamplingParams(ignore_eos=True, max_new_tokens=250)))  # fmt: skip
     wait_until(lambda: double.tokens_generated >= 20, what="tokens before the update")
 

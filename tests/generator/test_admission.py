@@ -62,8 +62,8 @@ def test_unfit_prompts_fail_with_reasons_and_the_good_one_is_generated():
 def test_limits_are_read_from_the_engine_object_when_it_has_them():
     assert EngineLimits.of(LimitedEngine()) == EngineLimits(vocab_size=100, max_model_len=16)
     assert EngineLimits.of(FakeEngine()) == EngineLimits(vocab_size=None, max_model_len=None)
-    assert why_not([5, 99999], 4, EngineLimits.of(FakeEngine())) == ""  # unknown vocab: the engine's add decides
-    assert "max_new_tokens" in why_not([1], 0, EngineLimits(vocab_size=10, max_model_len=8))
+    assert why_not(np.array([5, 99999], np.int32), 4, EngineLimits.of(FakeEngine())) == ""  # unknown vocab: the engine's add decides
+    assert "max_new_tokens" in why_not(np.array([1], np.int32), 0, EngineLimits(vocab_size=10, max_model_len=8))
 
 
 def test_the_hub_fails_prompts_returned_with_a_reason_and_refuses_empty_ones():

@@ -138,3 +138,13 @@ def test_run_loops_until_stop_then_returns_unfinished_prompts():
     w.run(stop=lambda: next(rounds, None) is None)  # two rounds, then stop
     assert len(engine.requests) == 2 and not hub.sent  # sample 2 of each needs a third step
     assert sorted(hub.returned) == ["p0", "p1"] and not w.groups
+
+
+def test_prompt_token_ids_reach_the_engine_and_the_sample_as_one_int32_array():
+    engine, hub = FakeEngine(), FakeHub(prompts(1, n=1))
+    w = worker(engine, hub)
+    w.run_once()
+    sent = hub.sent[0].samples[0]
+    ids = engine.requests[0].prompt_token_ids
+    assert ids.dtype == np.int32 and sent.prompt_token_ids is ids  # no list round trip in between
+    assert sent.response_token_ids.dtype == np.int32 and sent.logprobs.dtype == np.float32

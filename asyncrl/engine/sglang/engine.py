@@ -98,7 +98,7 @@ class SGLangEngine:
 
     def add(self, request: GenerationRequest) -> None:
         """Raises ValueError for a request SGLang would refuse (e.g. a non-integral top_k)."""
-        if request.n < 1 or not request.prompt_token_ids:
+        if request.n < 1 or len(request.prompt_token_ids) == 0:
             raise ValueError(f"request {request.request_id!r}: needs n >= 1 and a non-empty prompt")
         rid = f"asyncrl-{uuid.uuid4().hex}"
         c = self.config

@@ -73,7 +73,7 @@ def generate_payload(
         "ignore_eos": bool(s.ignore_eos),
         **extra,
     }
-    prompt = [as_int(t, f"request {request.request_id!r} prompt_token_ids[]") for t in request.prompt_token_ids]
+    prompt = request.prompt_token_ids.tolist()  # int32: JSON integers as they are
     body: dict[str, Any] = {"return_logprob": True}
     rids = sample_rids(rid, request.n, deterministic)
     if not deterministic:
