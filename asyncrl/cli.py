@@ -21,6 +21,7 @@ from typing import Any
 from asyncrl import records as R
 from asyncrl.client import Client
 from asyncrl.rundir import ENDPOINT_FILE
+from asyncrl.task.jsonl import json_lines
 
 
 def completion_json(s: R.ScoredSample) -> dict[str, Any]:
@@ -36,11 +37,10 @@ def completion_json(s: R.ScoredSample) -> dict[str, Any]:
 def read_jsonl(path: str) -> list[Any]:
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such prompt file; give a JSONL file, one prompt per line")
-    lines = Path(path).read_text().splitlines()
     try:
-        return [json.loads(line) for line in lines if line.strip()]
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not JSON lines ({e})") from None
+        return [obj for _, obj in json_lines(path)]
+    except ValueError as e:  # the line that is not JSON
+        raise UsageError(str(e)) from None
 
 
 class UsageError(ValueError):

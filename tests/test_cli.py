@@ -63,3 +63,12 @@ def test_module_entry_point_answers_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "submit", str(tmp_path / "x.jsonl"), "--run-dir", str(run)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+def test_a_bad_prompt_line_is_one_line_naming_it(capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"endpoints": {"replay": "tcp://127.0.0.1:9"}}))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"1+1="\n\n{not json\n')
+    assert "p.jsonl:3: not valid JSON" in one_line(capsys, ["submit", str(prompts), "--run-dir", str(run)])

@@ -9,11 +9,11 @@ with its row number); pyarrow (parquet) and `datasets` (folders) are optional an
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
 from asyncrl.task.config import TaskConfig
+from asyncrl.task.jsonl import json_lines
 from asyncrl.task.prompt_row import PromptRow
 
 Message = dict[str, str]
@@ -91,13 +91,7 @@ def _parquet(path: Path) -> list[dict[str, Any]]:
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno})") from None
+    for i, obj in json_lines(path):
         if not isinstance(obj, dict):
             raise ValueError(f"{path}:{i}: expected a JSON object, got {type(obj).__name__}")
         rows.append(obj)

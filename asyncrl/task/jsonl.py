@@ -12,6 +12,7 @@ import json
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from asyncrl.records import Prompt, SamplingParams
 from asyncrl.task.prompt_row import PromptRow, parse_row
@@ -20,22 +21,24 @@ from asyncrl.task.prompt_row import PromptRow, parse_row
 def read_rows(path: str | Path) -> list[tuple[int, PromptRow]]:
     """(line number, row) for every non-blank line."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        rows = [(i, parse_row(obj, f"{path}:{i}")) for i, obj in json_lines(path)]
     except FileNotFoundError:
         raise ValueError(f"task.path={str(path)!r}: file not found") from None
-    rows = [(i, _parse(path, i, line)) for i, line in enumerate(lines, 1) if line.strip()]
     if not rows:
         raise ValueError(f"task.path={str(path)!r}: no prompts (the file is empty)")
     return rows
 
 
-def _parse(path: str | Path, lineno: int, line: str) -> PromptRow:
-    where = f"{path}:{lineno}"
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    return parse_row(obj, where)
+def json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded value) for every non-blank line of a UTF-8 JSONL file, in order; a line that
+    is not JSON is a ValueError that names the file and line."""
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno})") from None
 
 
 def jsonl_prompts(path: str | Path, n: int, sampling: SamplingParams, seed: int, shuffle: bool, repeat: bool) -> Iterator[Prompt]:
