@@ -183,13 +183,3 @@ def install_uvloop() -> None:
     except ImportError:
         return
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-def run_hub(cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None) -> None:
-    """Build, serve until stopped (KeyboardInterrupt), close. For tests and simple embeddings."""
-    install_uvloop()
-    hub = Hub(cfg, batch, run_dir)
-    try:
-        asyncio.run(hub.serve())
-    finally:
-        hub.close()

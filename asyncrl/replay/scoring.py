@@ -44,10 +44,6 @@ class ScoreDispatch:
             self.out.append((now + self.ttl_s, key))
         return items
 
-    def has_work(self, state: HubState, now: float) -> bool:
-        self._recycle(state, now)
-        return bool(self.fresh)
-
     def _recycle(self, state: HubState, now: float) -> None:
         overdue: list[Key] = []
         while self.out and self.out[0][0] <= now:
