@@ -23,10 +23,10 @@ import os
 import sys
 import time
 
+from asyncrl.nccl_env import nccl_env  # torch-free: the settings must precede importing torch
+
 os.environ.setdefault("NCCL_DEBUG", "WARN")
-for _key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-    os.environ[_key] = "0" if _key == "NCCL_NVLS_ENABLE" else "1"
-os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")  # the same in both processes (children inherit it)
+os.environ.update(nccl_env())  # as the launcher gives its GPU children; the spawned side inherits it
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402

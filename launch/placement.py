@@ -24,12 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-_NCCL_ENV = {
-    "NCCL_CUMEM_ENABLE": "0",
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
+from asyncrl.nccl_env import nccl_env  # noqa: F401  (the launcher's children get it; asyncrl.nccl_env owns it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +36,6 @@ class Placement:
     def describe(self) -> str:
         gens = ", ".join(f"{d} ({p})" for d, p in zip(self.generators, self.weight_paths, strict=True))
         return f"learner ranks on {', '.join(self.learner)}; generators on {gens}"
-
-
-def nccl_env() -> dict[str, str]:
-    """NCCL settings every process of a GPU run gets (the same in all of them)."""
-    return dict(_NCCL_ENV)
 
 
 def place(*, learner_ranks: int, learner_devices: list[str], generators: int, generator_devices: list[str],

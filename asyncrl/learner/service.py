@@ -36,6 +36,7 @@ from asyncrl.learner.checkpoint import latest_checkpoint
 from asyncrl.learner.trainer import Trainer
 from asyncrl.lifecycle import StopFlag
 from asyncrl.metrics import MetricsWriter
+from asyncrl.nccl_env import set_nccl_defaults
 from asyncrl.tcp_store import bound_store, client_store
 from asyncrl.peer import HubError, HubPeer
 from asyncrl.timeline import Timeline
@@ -49,8 +50,7 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> None:
     """Join the learner's own process group (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher,
     like torchrun). Rank 0 hosts the rendezvous store on MASTER_ADDR only (env:// would listen on every
     interface)."""
-    os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    set_nccl_defaults()
     if dist.is_initialized():
         return
     backend = "nccl" if device.startswith("cuda") else "gloo"

@@ -45,7 +45,6 @@ its stream); the process's default group and every other weight group are untouc
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +52,8 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from asyncrl.nccl_env import set_nccl_defaults
 
 BACKENDS = ("gloo", "nccl")
 _STORE_DEVICE = {"gloo": "cpu", "nccl": "cuda"}  # first device of torch's BackendConfig for the backend
@@ -198,9 +199,7 @@ def _make_backend(backend: str, store: dist.Store, rank: int, world_size: int, t
     else:
         if not dist.is_nccl_available():
             raise WeightGroupError("this torch build has no NCCL; use backend='gloo'")
-        # NVLink SHARP / cuMem make NCCL comms that live beside other comms fragile (SGLang sets the same).
-        os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        set_nccl_defaults()
         opts = dist.ProcessGroupNCCL.Options()
         opts.is_high_priority_stream = False
         opts._timeout = _td(timeout_s + _NCCL_TIMEOUT_SLACK_S)
