@@ -45,6 +45,14 @@ class EngineStats:
     weight_version: int
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What an engine can take, checked by the generator before `add` (generator/admission.py); None: not
+    known here (the engine's own check in `add` still applies)."""
+    vocab_size: int | None  # token ids must be in [0, vocab_size)
+    max_model_len: int | None  # prompt + response tokens the engine can hold
+
+
 PauseMode = Literal["abort", "continue"]
 
 
@@ -60,6 +68,9 @@ class Engine(Protocol):
         """Run one scheduling round; return the samples that finished in it."""
 
     def has_work(self) -> bool: ...
+
+    def limits(self) -> EngineLimits:
+        """Vocabulary size and context length, for admission before `add`."""
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationOutput]:
         """Stop these requests (all when None); return their partial outputs (finish_reason=abort)."""

@@ -2,35 +2,16 @@
 
 A prompt that no engine could take (empty, token ids outside the vocabulary, prompt + max_new_tokens
 past the engine's context or KV cache) must not crash the generator or come back to the queue forever: the worker fails
-it at the hub with the reason (`ReturnPrompts(reason=...)`) and goes on. The limits are read from
-the engine object when it exposes them (the torch engine: `arch.vocab_size`, `max_model_len`; other
-engines may expose `vocab_size` / `max_model_len` directly); what it does not expose is left to the
-engine's own check in `add`, whose ValueError the worker treats the same way.
+it at the hub with the reason (`ReturnPrompts(reason=...)`) and goes on. The limits come from
+`engine.limits()` (the Engine Protocol); what an engine does not know is left to its own check in `add`,
+whose ValueError the worker treats the same way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-
-@dataclass(frozen=True, slots=True)
-class EngineLimits:
-    vocab_size: int | None  # token ids must be in [0, vocab_size)
-    max_model_len: int | None  # prompt + response tokens the engine can hold
-
-    @classmethod
-    def of(cls, engine: Any) -> EngineLimits:
-        arch = getattr(engine, "arch", None)
-        vocab = getattr(engine, "vocab_size", None) or getattr(arch, "vocab_size", None)
-        context = getattr(engine, "max_model_len", None)
-        return cls(vocab_size=_positive_int(vocab), max_model_len=_positive_int(context))
-
-
-def _positive_int(v: Any) -> int | None:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+from asyncrl.engine.protocol import EngineLimits
 
 
 def why_not(ids: np.ndarray, max_new_tokens: int, limits: EngineLimits) -> str:

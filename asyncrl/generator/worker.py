@@ -30,21 +30,24 @@ import numpy as np
 
 from asyncrl import records as R
 from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
-from asyncrl.generator.admission import EngineLimits, why_not
+from asyncrl.generator.admission import why_not
 from asyncrl.timeline import Timeline
+from asyncrl.weights.receiver import UpdateResult
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.02  # with nothing to decode: how long to wait for a weight push before asking the hub again
 
 
 class Hub(Protocol):
+    timeout_s: float  # per request; shortened at shutdown so an exit never hangs on a dead hub
+
     def request(self, msg: Any) -> Any: ...
 
 
 class WeightSource(Protocol):
-    def poll(self, timeout_s: float = 0.0) -> Any:
-        """Handle pending weight-push messages, waiting up to timeout_s for one; returns None or an
-        object with `.version` and `.aborted` (outputs aborted by the pause)."""
+    def poll(self, timeout_s: float = 0.0) -> UpdateResult | None:
+        """Handle pending weight-push messages, waiting up to timeout_s for one; None when no update ran
+        (`UpdateResult.aborted`: outputs aborted by the pause)."""
 
 
 class Tokenizer(Protocol):
@@ -78,7 +81,7 @@ class GeneratorWorker:
         self.stopping = False
         self._last_heartbeat = 0.0
         self._stats = {"samples_sent": 0.0, "tokens_generated": 0.0, "groups_returned": 0.0, "prompts_failed": 0.0}
-        self.limits = EngineLimits.of(engine)
+        self.limits = engine.limits()
         self.last_failure = ""  # reason of the latest prompt this generator could not take
         self._t0 = time.monotonic()
 
@@ -94,8 +97,7 @@ class GeneratorWorker:
 
     def shutdown(self) -> None:
         """Give unfinished prompts back to the hub (best effort: the hub may be gone)."""
-        if hasattr(self.hub, "timeout_s"):
-            self.hub.timeout_s = min(self.hub.timeout_s, 5.0)  # never hang an exit on a dead hub
+        self.hub.timeout_s = min(self.hub.timeout_s, 5.0)  # never hang an exit on a dead hub
         try:
             self._return_all("shutdown")
         except Exception as e:  # noqa: BLE001
@@ -126,7 +128,7 @@ class GeneratorWorker:
         if self.weights is None:
             return
         result = self.weights.poll(timeout_s)
-        if result is not None and getattr(result, "aborted", None):
+        if result is not None and result.aborted:
             self._collect(result.aborted)
 
     def _free_slots(self) -> int:
@@ -260,7 +262,7 @@ class GeneratorWorker:
                  "tokens_per_s": self._stats["tokens_generated"] / max(now - self._t0, 1e-9),
                  "weight_version": float(es.weight_version)}
         reply = self.hub.request(R.Heartbeat(service="generator", name=self.name, stats=stats))
-        info = getattr(reply, "info", {}) or {}
+        info = (reply.info or {}) if isinstance(reply, R.Ack) else {}
         self.hub_version = max(self.hub_version, int(info.get("policy_version", self.hub_version)))
         if info.get("shutdown"):
             self.stopping = True

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from engine_helpers import drain, engine, request
 
-from asyncrl.engine.protocol import Engine, EngineStats, GenerationOutput
+from asyncrl.engine.protocol import Engine, EngineLimits, EngineStats, GenerationOutput
 from asyncrl.engine.sglang.client import SGLangError
 from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.engine.sglang.engine import SGLangEngine
@@ -91,6 +91,9 @@ def test_instance_is_an_engine_and_runs_the_cycle(backend):
     assert isinstance(eng, Engine)
     assert isinstance(eng.stats(), EngineStats) and isinstance(eng.weight_version, int)
     assert eng.receiving_ranks() == 1  # torch: this process; SGLang: the double's TP size (1)
+    limits = eng.limits()  # SGLang: the context from /server_info; it does not report its vocabulary
+    assert isinstance(limits, EngineLimits) and limits.max_model_len and limits.max_model_len > 0
+    assert limits.vocab_size is None if not backend.loads_in_process else limits.vocab_size > 0
     outs = drain(eng, {0: [request("c", [4, 5, 6], n=2, max_new_tokens=3)]})
     assert all(isinstance(o, GenerationOutput) for o in outs.values()) and len(outs) == 2
     assert eng.pause("continue") == [] and eng.pause("abort") == []

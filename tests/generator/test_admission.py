@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 from test_worker import FakeEngine, FakeHub, worker
 
 from asyncrl import records as R
-from asyncrl.generator.admission import EngineLimits, why_not
+from asyncrl.engine.protocol import EngineLimits
+from asyncrl.generator.admission import why_not
 from asyncrl.replay.state import HubState
 
 
 class LimitedEngine(FakeEngine):
-    """Exposes its limits as the torch engine does; refuses long sampling as a full KV cache would."""
+    """Reports limits as the torch engine does; refuses long sampling as a full KV cache would."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.arch, self.max_model_len = SimpleNamespace(vocab_size=100), 16
+    def limits(self) -> EngineLimits:
+        return EngineLimits(vocab_size=100, max_model_len=16)
 
     def add(self, request) -> None:
         if request.sampling.max_new_tokens > 1000:
@@ -59,10 +57,8 @@ def test_unfit_prompts_fail_with_reasons_and_the_good_one_is_generated():
     assert w._stats["prompts_failed"] == 5 and w.last_failure
 
 
-def test_limits_are_read_from_the_engine_object_when_it_has_them():
-    assert EngineLimits.of(LimitedEngine()) == EngineLimits(vocab_size=100, max_model_len=16)
-    assert EngineLimits.of(FakeEngine()) == EngineLimits(vocab_size=None, max_model_len=None)
-    assert why_not(np.array([5, 99999], np.int32), 4, EngineLimits.of(FakeEngine())) == ""  # unknown vocab: the engine's add decides
+def test_unknown_limits_leave_the_decision_to_the_engine():
+    assert why_not(np.array([5, 99999], np.int32), 4, FakeEngine().limits()) == ""  # unknown vocab: the engine's add decides
     assert "max_new_tokens" in why_not(np.array([1], np.int32), 0, EngineLimits(vocab_size=10, max_model_len=8))
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.engine.protocol import EngineStats, GenerationOutput
+from asyncrl.engine.protocol import EngineLimits, EngineStats, GenerationOutput
 from asyncrl.generator.worker import GeneratorWorker
 
 
@@ -26,6 +26,9 @@ class FakeEngine:
 
     def has_work(self) -> bool:
         return bool(self.pending)
+
+    def limits(self) -> EngineLimits:
+        return EngineLimits(vocab_size=None, max_model_len=None)
 
     def step(self):
         done, left = [], []
@@ -52,6 +55,8 @@ class FakeEngine:
 
 
 class FakeHub:
+    timeout_s = 30.0
+
     def __init__(self, prompts: list[R.Prompt], version: int = 0) -> None:
         self.queue = list(prompts)
         self.version = version

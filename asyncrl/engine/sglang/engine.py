@@ -37,7 +37,7 @@ from typing import Any, Self
 
 import torch
 
-from asyncrl.engine.protocol import EngineStats, GenerationOutput, GenerationRequest, PauseMode
+from asyncrl.engine.protocol import EngineLimits, EngineStats, GenerationOutput, GenerationRequest, PauseMode
 from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.engine.sglang.client import SGLangConnectionError, SGLangError, SGLangHTTP
 from asyncrl.engine.sglang.generate import (
@@ -123,6 +123,13 @@ class SGLangEngine:
     def has_work(self) -> bool:
         with self._cond:
             return bool(self._waiting or self._running or self._finished)
+
+    def limits(self) -> EngineLimits:
+        """The server's context length (/server_info); the vocabulary is not reported (the server checks
+        ids itself, and its refusal fails the prompt like any other)."""
+        info = self._server_info()
+        context = info.get("context_length")
+        return EngineLimits(vocab_size=None, max_model_len=int(context) if isinstance(context, int) and context > 0 else None)
 
     def stats(self) -> EngineStats:
         with self._cond:
@@ -368,6 +375,9 @@ class SGLangEngine:
 
     def _server_tp_size(self) -> int:
         if self._tp_size is None:
-            info = self._http.call("/server_info", None, method="GET", timeout_s=self.config.request_timeout_s).json()
-            self._tp_size = int((info or {}).get("tp_size", 1))
+            self._tp_size = int(self._server_info().get("tp_size", 1))
         return self._tp_size
+
+    def _server_info(self) -> dict[str, Any]:
+        info = self._http.call("/server_info", None, method="GET", timeout_s=self.config.request_timeout_s).json()
+        return info if isinstance(info, dict) else {}

@@ -25,6 +25,7 @@ from asyncrl.engine.torch.kv_cache import KVCache
 from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights
 from asyncrl.engine.torch.model_runner import ModelRunner
 from asyncrl.engine.protocol import (
+    EngineLimits,
     EngineStats,
     GenerationOutput,
     GenerationRequest,
@@ -150,6 +151,9 @@ class TorchEngine:
 
     def has_work(self) -> bool:
         return not self._closed and self.scheduler.has_work()
+
+    def limits(self) -> EngineLimits:
+        return EngineLimits(vocab_size=self.arch.vocab_size, max_model_len=self.max_model_len)
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationOutput]:
         now = time.perf_counter()
