@@ -19,6 +19,7 @@ from asyncrl.config.loader import ConfigError, apply_overrides, from_dict, to_di
 from asyncrl.config.reference import render_text
 from asyncrl.config.run import RunConfig, load_run_config
 from asyncrl.rundir import load_config, save_config
+from launch.host import Host, LocalHost
 from launch.placement import Placement, run_placement
 from launch.preflight import preflight
 from launch.progress import Progress
@@ -48,17 +49,31 @@ def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
     return from_dict(RunConfig, apply_overrides(to_dict(load_config(run_dir)), overrides))
 
 
-def prepare(args: argparse.Namespace) -> tuple[RunConfig, Placement, Path]:
-    """Config -> file-system checks -> devices -> run directory; raises ValueError with the one line to print."""
+def place(cfg: RunConfig) -> tuple[Host, Placement]:
+    """This host and its devices, or (launch.placement = "ray") a node per service of a Ray cluster."""
+    if cfg.launch.placement == "ray":
+        from launch.ray_host import RayHost
+
+        host = RayHost.connect(cfg)
+        return host, host.placement
+    return LocalHost(cfg.launch.host), run_placement(cfg)
+
+
+def prepare(args: argparse.Namespace) -> tuple[RunConfig, Host, Placement, Path]:
+    """Config -> file-system checks -> placement -> run directory; raises ValueError with the one line to print."""
     cfg = resumed_config(args.resume, args.set) if args.resume else load_run_config(args.config or EMBEDDED, args.set)
     preflight(cfg)
-    placement = run_placement(cfg)
-    return cfg, placement, make_run_dir(cfg, args.run_dir, args.resume)
+    host, placement = place(cfg)
+    try:
+        return cfg, host, placement, make_run_dir(cfg, args.run_dir, args.resume)
+    except BaseException:
+        host.close()
+        raise
 
 
-def run(cfg: RunConfig, placement: Placement, run_dir: Path, resume: bool) -> tuple[int, dict, str]:
+def run(cfg: RunConfig, host: Host, placement: Placement, run_dir: Path, resume: bool) -> tuple[int, dict, str]:
     """Start the processes, watch them to the end, stop them: (exit code, summary, outcome)."""
-    sup = Supervisor(cfg, run_dir, resume=resume, placement=placement)
+    sup = Supervisor(cfg, run_dir, resume=resume, placement=placement, host=host)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the run like Ctrl-C
     code, outcome = 0, "finished"
     try:
@@ -84,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_run_config(args.config or EMBEDDED, args.set)
             sys.stdout.write(render_text(cfg))
             return 0
-        cfg, placement, run_dir = prepare(args)
+        cfg, host, placement, run_dir = prepare(args)
     except RunDirError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
@@ -95,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     save_config(run_dir, cfg)
     print(f"run directory: {run_dir}", file=sys.stderr)
     print(f"placement: {placement.describe()}", file=sys.stderr)
+    if host.describe():
+        print(f"nodes: {host.describe()}", file=sys.stderr)
     started = time.monotonic()
-    code, summary, outcome = run(cfg, placement, run_dir, bool(args.resume))
+    code, summary, outcome = run(cfg, host, placement, run_dir, bool(args.resume))
     print(final_report(run_dir, summary["accounting"], time.monotonic() - started, cfg.learner.steps, outcome),
           file=sys.stderr)
     print(json.dumps({"run_dir": str(run_dir), "accounting": summary["accounting"]}))

@@ -6,6 +6,8 @@ python -m services.learner --run-dir DIR --name learner-0 --device cpu
 
 from __future__ import annotations
 
+import os
+
 import torch.distributed as dist
 
 from asyncrl.learner.service import LearnerService, init_distributed
@@ -19,6 +21,7 @@ def main() -> None:
     log = setup_logging(args.name)
     stop = StopFlag().install()
     cfg = load_config(args.run_dir)
+    cfg.launch.host = os.environ.get("MASTER_ADDR", cfg.launch.host)  # rank 0's weight store binds its own address
     adopt_credentials(args.run_dir, "learner")
     init_distributed(args.device)
     run = read_run_json(args.run_dir)

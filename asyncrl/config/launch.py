@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(kw_only=True, slots=True)
 class LaunchConfig:
     run_dir: str = ""
     """Run directory (default: runs/<timestamp>)."""
+    placement: Literal["local", "ray"] = "local"
+    """Where the services run: "local" starts them on this host; "ray" places the hub, learner ranks, generators
+    and reward workers on the nodes of an existing Ray cluster by their resources (docs/ray.md), each binding
+    its node's address."""
+    ray_address: str = "auto"
+    """The Ray cluster to join with placement = "ray" (ray.init's address: "auto" = the cluster this node
+    belongs to, or "HOST:PORT" of its head)."""
     host: str = "127.0.0.1"
     """Address services bind: ZeroMQ endpoints and the learner's TCP stores (loopback unless you run across
-    hosts; any other address makes the hub require CURVE, see docs/trust.md)."""
+    hosts; any other address makes the hub require CURVE, see docs/trust.md). With placement = "ray" each
+    service binds the address of its Ray node instead."""
     progress: bool = True
     """Live progress in the terminal."""
     max_restarts: int = 3
@@ -44,5 +53,8 @@ class LaunchConfig:
         if self.wandb_project and importlib.util.find_spec("wandb") is None:
             raise ValueError(f"launch.wandb_project={self.wandb_project!r} needs the wandb package: pip install wandb, "
                              "or set launch.wandb_project=\"\" to turn W&B logging off")
+        if self.placement == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("launch.placement=\"ray\" needs the ray package: pip install 'asyncrl[ray]', "
+                             "or set launch.placement=\"local\"")
         if self.stall_timeout_s < 0:
             raise ValueError(f"launch.stall_timeout_s={self.stall_timeout_s}: must be >= 0 (0 = no watchdog)")
