@@ -18,13 +18,12 @@ from pathlib import Path
 from asyncrl.config.loader import ConfigError, apply_overrides, from_dict, to_dict
 from asyncrl.config.reference import render_text
 from asyncrl.config.run import RunConfig, load_run_config
-from asyncrl.rundir import load_config, save_config
+from asyncrl.rundir import RunDirError, check_resumable, load_config, make_run_dir, save_config
 from launch.host import Host, LocalHost
 from launch.placement import Placement, run_placement
 from launch.preflight import preflight
 from launch.progress import Progress
 from launch.report import final_report
-from launch.run_dir import RunDirError, check_resumable, make_run_dir
 from launch.supervisor import RunFailed, Supervisor
 
 EMBEDDED = Path(__file__).with_name("embedded.toml")

@@ -8,7 +8,6 @@ checkpoint); the ETA is the steps left at that rate.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,19 +17,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from asyncrl.rundir import last_metrics
 from launch.report import duration
-
-
-def last_metrics(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "metrics.jsonl"
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8192))
-            lines = f.read().decode(errors="replace").strip().splitlines()
-        return json.loads(lines[-1]) if lines else {}
-    except (OSError, json.JSONDecodeError, IndexError):
-        return {}
 
 
 class StepRate:

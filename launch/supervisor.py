@@ -32,11 +32,11 @@ from asyncrl.credentials import Credentials, RunSecret
 from asyncrl.feeder import Feeder
 from asyncrl.peer import ENV_RECONNECT, HubPeer
 from asyncrl.prometheus import LOOPBACK, metrics_url, url_port
-from asyncrl.rundir import write_json
+from asyncrl.rundir import last_metrics, write_json, write_run_json
 from launch.host import Host, LocalHost
 from launch.placement import Placement, nccl_env, run_placement
 from launch.processes import Child, ProcessSpec, log_tail, stop
-from launch.progress import Progress, last_metrics
+from launch.progress import Progress
 from launch.restarts import RestartBudget
 from launch.watchdog import ProgressWatchdog
 
@@ -233,6 +233,6 @@ class Supervisor:
     def _write_run_json(self) -> None:
         pids = {n: c.proc.pid for n, c in self.children.items()}
         addresses = {n: self.host.address(n) for n in self.children}  # a pid is one of the process at that address
-        write_json(self.run_dir / "run.json", {"endpoints": self.endpoints, "pids": pids, "addresses": addresses,
+        write_run_json(self.run_dir, {"endpoints": self.endpoints, "pids": pids, "addresses": addresses,
                                                "master_port": self.master_port,
                                                "metrics_endpoints": self.metrics_endpoints})

@@ -9,7 +9,7 @@ from asyncrl.config.run import RunConfig, load_run_config
 from asyncrl.credentials import RunSecret
 from asyncrl.rundir import save_config, write_json
 from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
-from launch.run_dir import free_port
+from launch.ports import free_port
 
 SMALL = [
     "batch.prompts_per_step=2", "batch.samples_per_prompt=4", "generator.max_running=16",

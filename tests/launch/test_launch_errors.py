@@ -101,7 +101,7 @@ def test_show_config_prints_every_key_with_type_default_and_doc(capsys):
 
 
 def test_resume_of_an_unfinished_run_reuses_it_and_clears_its_old_summary(tmp_path):
-    from launch.run_dir import make_run_dir
+    from asyncrl.rundir import make_run_dir
 
     run = past_run(tmp_path / "run", steps=5, last_step=2)
     cfg = RunConfig()
