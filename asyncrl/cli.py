@@ -20,7 +20,6 @@ from typing import Any
 
 from asyncrl import records as R
 from asyncrl.client import Client
-from asyncrl.rundir import ENDPOINT_FILE
 from asyncrl.task.jsonl import json_lines
 
 
@@ -55,7 +54,7 @@ def check_run_dir(run_dir: str) -> None:
     if (path / "summary.json").exists():
         raise UsageError(f"--run-dir {run_dir}: this run has finished (summary.json is there; nothing serves it); "
                          f"start it again with `python -m launch --resume {run_dir} --set learner.steps=N`")
-    if not (path / "run.json").exists() and not (path / ENDPOINT_FILE).exists():
+    if not (path / "run.json").exists():
         raise UsageError(f"--run-dir {run_dir}: no run.json there; is it a run directory, and has the run started?")
 
 

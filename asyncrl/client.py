@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import threading
 import time
 import uuid
@@ -44,24 +43,19 @@ from asyncrl import records as R
 from asyncrl.credentials import SECRET_FILE, Credentials
 from asyncrl.peer import HubError, HubPeer
 from asyncrl.reward.reference import RewardComponentRef, complete_reference, run_reward_components
-from asyncrl.rundir import ENDPOINT_FILE
+from asyncrl.rundir import read_run_json
 from asyncrl.task.prompt_row import parse_row
 
 PromptLike = str | list[int] | dict[str, Any] | R.Prompt
 
 
 def endpoint_from_run_dir(run_dir: str | Path) -> str:
-    """The replay endpoint of a run: run.json "endpoints"["replay"], else the replay.endpoint file."""
-    run_dir = Path(run_dir)
-    run_json = run_dir / "run.json"
-    if run_json.exists():
-        endpoint = json.loads(run_json.read_text()).get("endpoints", {}).get("replay")
-        if endpoint:
-            return endpoint
-    ep_file = run_dir / ENDPOINT_FILE
-    if ep_file.exists():
-        return ep_file.read_text().strip()
-    raise FileNotFoundError(f"{run_dir}: no run.json with endpoints.replay and no replay.endpoint; is the run up?")
+    """The replay endpoint of a run: run.json "endpoints"["replay"] (the launcher writes it before the hub starts)."""
+    run_json = Path(run_dir) / "run.json"
+    endpoint = read_run_json(run_dir).get("endpoints", {}).get("replay") if run_json.exists() else None
+    if not endpoint:
+        raise FileNotFoundError(f"{run_dir}: no run.json with endpoints.replay; is the run up?")
+    return endpoint
 
 
 @dataclass(slots=True)

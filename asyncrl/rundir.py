@@ -25,9 +25,7 @@ from typing import Any
 
 from asyncrl.config.loader import from_dict, to_dict
 from asyncrl.config.run import RunConfig
-from asyncrl.durable import write_atomic, write_json_atomic
-
-ENDPOINT_FILE = "replay.endpoint"
+from asyncrl.durable import write_json_atomic
 
 
 class RunDirError(ValueError):
@@ -40,11 +38,6 @@ class RunDirError(ValueError):
 def write_json(path: Path, data: Any) -> None:
     """Atomic: temporary name, fsync, rename (asyncrl.durable)."""
     write_json_atomic(Path(path), data)
-
-
-def write_endpoint(run_dir: Path, endpoint: str) -> None:
-    """Atomic, as write_json: a reader sees no file or the whole line."""
-    write_atomic(Path(run_dir) / ENDPOINT_FILE, (endpoint + "\n").encode())
 
 
 def save_config(run_dir: Path, cfg: RunConfig) -> None:

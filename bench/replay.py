@@ -4,7 +4,7 @@
     python -m bench.replay --both-logs --repeat 5 --baseline /tmp/base   # before/after, log on/off
 
 `--baseline DIR` runs the same bench with the hub and the peers importing asyncrl from the source tree
-DIR instead (e.g. `git worktree add /tmp/base HEAD`), interleaved with this tree's runs, so a change is
+DIR instead (e.g. `git worktree add /tmp/base HEAD`; its services must take `--run-dir DIR --name NAME`), interleaved with this tree's runs, so a change is
 measured against its parent in one invocation under the same machine load. `--repeat N` runs each
 configuration N times and prints its median run (with every run's samples_per_s). One JSON line per
 configuration.
@@ -39,8 +39,10 @@ from statistics import median
 import numpy as np
 
 from asyncrl import records as R
+from asyncrl.config.run import load_run_config
 from asyncrl.peer import HubPeer
 from asyncrl.replay.segments import Segments
+from asyncrl.rundir import save_config, write_run_json
 
 
 def pin(cores: list[int]) -> None:
@@ -135,9 +137,9 @@ def start_hub(run_dir: str, args: argparse.Namespace, src: str) -> tuple[subproc
     sets = [f"batch.prompts_per_step={args.prompts_per_step}", f"batch.samples_per_prompt={args.n}",
             f"generator.max_running={max(64, args.n)}", f"hub.max_staleness={args.max_staleness}",
             f"hub.log={'true' if args.log else 'false'}", "hub.fsync=batch"]
-    cmd = [sys.executable, "-m", "services.replay", "--run-dir", run_dir, "--endpoint", "tcp://127.0.0.1:0"]
-    for s in sets:
-        cmd += ["--set", s]
+    save_config(Path(run_dir), load_run_config(None, sets))  # the run directory as the launcher leaves it
+    write_run_json(run_dir, {"endpoints": {"replay": "tcp://127.0.0.1:0"}, "pids": {}})  # port 0: any free one
+    cmd = [sys.executable, "-m", "services.replay", "--run-dir", run_dir, "--name", "replay"]
     hub = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=src, env=_env(src),
                            preexec_fn=lambda: pin([args.hub_core]))
     line = hub.stdout.readline()  # type: ignore[union-attr]

@@ -31,7 +31,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.credentials import Credentials, RunSecret
 from asyncrl.feeder import Feeder
 from asyncrl.peer import ENV_RECONNECT, HubPeer
-from asyncrl.prometheus import LOOPBACK, metrics_url, url_port
+from asyncrl.prometheus import LOOPBACK, metrics_url
 from asyncrl.rundir import last_metrics, write_json, write_run_json
 from launch.host import Host, LocalHost
 from launch.placement import Placement, nccl_env, run_placement
@@ -88,9 +88,8 @@ class Supervisor:
 
     def specs(self) -> list[ProcessSpec]:
         cfg = self.cfg
-        metrics = ["--metrics-port", str(url_port(self.metrics_endpoints["hub"]))] if self.metrics_endpoints else []
         out = [ProcessSpec(name="replay", module="services.replay", restartable=True,
-                           args=["--run-dir", str(self.run_dir), "--endpoint", self.endpoints["replay"], *metrics])]
+                           args=["--run-dir", str(self.run_dir), "--name", "replay"])]
         world = cfg.learner.ranks
         gpu = nccl_env() if any(d.startswith("cuda") for d in self.placement.learner + self.placement.generators) else {}
         for rank, device in enumerate(self.placement.learner):

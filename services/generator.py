@@ -13,7 +13,7 @@ from asyncrl.rundir import load_config, read_run_json
 
 
 def main() -> None:
-    args = service_args("asyncrl generator")
+    args = service_args("asyncrl generator", device=True)
     log = setup_logging(args.name)
     stop = StopFlag().install()
     cfg = load_config(args.run_dir)

@@ -17,7 +17,7 @@ from asyncrl.rundir import load_config, read_run_json
 
 
 def main() -> None:
-    args = service_args("asyncrl learner rank")
+    args = service_args("asyncrl learner rank", device=True)
     log = setup_logging(args.name)
     stop = StopFlag().install()
     cfg = load_config(args.run_dir)

@@ -1,4 +1,4 @@
-"""run.json lists the Prometheus endpoints the launcher chose; the hub is told its port; launch.* switches."""
+"""run.json lists the Prometheus endpoints the launcher chose (each service reads its own there); launch.* switches."""
 
 from __future__ import annotations
 
@@ -22,22 +22,22 @@ def own_environ(monkeypatch):
     monkeypatch.setattr(os, "environ", dict(os.environ))
 
 
-def test_run_json_lists_loopback_metrics_endpoints_and_the_hub_gets_its_port(tmp_path):
+def test_run_json_lists_loopback_metrics_endpoints_and_services_get_only_run_dir_and_name(tmp_path):
     sup = Supervisor(load_run_config(None, []), tmp_path, resume=False, placement=PLACEMENT)
     sup._write_run_json()
     endpoints = read_run_json(tmp_path)["metrics_endpoints"]
     assert set(endpoints) == {"hub", "learner"}
     assert all(u.startswith("http://127.0.0.1:") and u.endswith("/metrics") for u in endpoints.values())
     assert url_port(endpoints["hub"]) != url_port(endpoints["learner"])
-    hub = next(s for s in sup.specs() if s.name == "replay")
-    assert hub.args[hub.args.index("--metrics-port") + 1] == str(url_port(endpoints["hub"]))
+    for spec in sup.specs():  # the rest (config, endpoints, metrics ports) is in the run directory
+        assert spec.args[:4] == ["--run-dir", str(tmp_path), "--name", spec.name], spec
+        assert spec.args[4:] in ([], ["--device", "cpu"]), spec
 
 
 def test_prometheus_off_lists_nothing_and_starts_no_exporter(tmp_path):
     sup = Supervisor(load_run_config(None, ["launch.prometheus=false"]), tmp_path, resume=False, placement=PLACEMENT)
     sup._write_run_json()
     assert read_run_json(tmp_path)["metrics_endpoints"] == {}
-    assert "--metrics-port" not in next(s for s in sup.specs() if s.name == "replay").args
 
 
 def test_wandb_project_without_wandb_names_the_key_and_the_fix(monkeypatch):

@@ -22,6 +22,7 @@ import zmq
 from asyncrl import records as R
 from asyncrl.credentials import Credentials
 from asyncrl.peer import HubPeer
+from tests.doubles.run_dir import launched_run_dir
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +30,9 @@ MAX_FRAME = 256 * 1024
 
 
 def start_hub(run_dir: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "services.replay", "--run-dir", str(run_dir), "--endpoint", "tcp://127.0.0.1:0",
-           "--set", f"hub.max_frame_bytes={MAX_FRAME}", "--set", "batch.prompts_per_step=1",
-           "--set", "batch.samples_per_prompt=2"]
+    launched_run_dir(run_dir, [f"hub.max_frame_bytes={MAX_FRAME}", "batch.prompts_per_step=1",
+                               "batch.samples_per_prompt=2"], endpoints={"replay": "tcp://127.0.0.1:0"})
+    cmd = [sys.executable, "-m", "services.replay", "--run-dir", str(run_dir), "--name", "replay"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     line = proc.stdout.readline()  # type: ignore[union-attr]

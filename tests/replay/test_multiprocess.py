@@ -14,6 +14,7 @@ import pytest
 from asyncrl import records as R
 from asyncrl.credentials import Credentials, RunSecret
 from asyncrl.peer import HubPeer
+from tests.doubles.run_dir import launched_run_dir
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,13 +27,13 @@ def env() -> dict[str, str]:
 
 
 def start_service(run_dir: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "services.replay", "--run-dir", str(run_dir), "--endpoint", "tcp://127.0.0.1:0"]
-    for s in SETS:
-        cmd += ["--set", s]
+    _, endpoints = launched_run_dir(run_dir, SETS)
+    cmd = [sys.executable, "-m", "services.replay", "--run-dir", str(run_dir), "--name", "replay"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     assert line, proc.stderr.read()  # type: ignore[union-attr]
-    return proc, json.loads(line)["endpoint"]
+    assert json.loads(line)["endpoint"] == endpoints["replay"]  # bound where run.json says
+    return proc, endpoints["replay"]
 
 
 def stop_service(proc: subprocess.Popen) -> None:
@@ -43,7 +44,6 @@ def stop_service(proc: subprocess.Popen) -> None:
 def test_service_and_peer_processes_train_every_sample_once(tmp_path):
     proc, endpoint = start_service(tmp_path)
     try:
-        assert (tmp_path / "replay.endpoint").read_text().strip() == endpoint
         assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith(":0")
         steps = 5
         secret = RunSecret.load(tmp_path)  # the service made it; peers prove a role with it
