@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.generator.build import build_generator
+from asyncrl.heartbeat import fatal_to_hub
 from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
 from asyncrl.rundir import load_config, read_run_json
 
@@ -25,7 +26,8 @@ def main() -> None:
     worker.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
     log.info("generator %s on %s serving %s", args.name, args.device, endpoints["replay"])
     try:
-        worker.run(stop.is_set)
+        with fatal_to_hub(worker.hub, "generator", args.name):
+            worker.run(stop.is_set)
     finally:
         for close in closers:
             close()

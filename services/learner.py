@@ -11,6 +11,7 @@ import os
 import torch.distributed as dist
 
 from asyncrl.learner.service import LearnerService, init_distributed
+from asyncrl.heartbeat import fatal_to_hub
 from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
 from asyncrl.prometheus import url_port
 from asyncrl.rundir import load_config, read_run_json
@@ -29,7 +30,8 @@ def main() -> None:
     service = LearnerService(cfg, args.run_dir, args.name, args.device, run["endpoints"], stop, metrics_port)
     log.info("learner %s on %s: %d steps", args.name, args.device, cfg.learner.steps)
     try:
-        service.run()
+        with fatal_to_hub(service.hub, "learner", args.name):
+            service.run()
     finally:
         service.close()
         dist.destroy_process_group()

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
+from asyncrl.heartbeat import fatal_to_hub
 from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
 from asyncrl.peer import HubPeer
-from asyncrl.records import FatalError
 from asyncrl.reward.scorer import Scorer
 from asyncrl.reward.worker import RewardWorker
 from asyncrl.rundir import load_config, read_run_json
@@ -35,14 +35,8 @@ def main() -> None:
     worker = RewardWorker(peer, scorer, cfg.reward, args.name)
     log.info("reward worker %s serving %s with %s", args.name, endpoint, [c.name for c in cfg.reward.components])
     try:
-        asyncio.run(serve(worker, scorer, stop))
-    except Exception as e:
-        peer.timeout_s = 5.0
-        try:
-            peer.request(FatalError(service="reward", name=args.name, reason=f"{type(e).__name__}: {e}"))
-        except Exception:  # noqa: BLE001 - the hub may be the thing that is gone
-            log.warning("could not report the fatal error to the hub")
-        raise
+        with fatal_to_hub(peer, "reward", args.name):
+            asyncio.run(serve(worker, scorer, stop))
     finally:
         worker.close()
         peer.close()

@@ -31,6 +31,7 @@ import numpy as np
 from asyncrl import records as R
 from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
 from asyncrl.generator.admission import why_not
+from asyncrl.heartbeat import Heartbeats
 from asyncrl.timeline import Timeline
 from asyncrl.weights.receiver import UpdateResult
 
@@ -79,7 +80,7 @@ class GeneratorWorker:
         self.groups: dict[str, _Group] = {}
         self.hub_version = 0
         self.stopping = False
-        self._last_heartbeat = 0.0
+        self.beats = Heartbeats("generator", name, heartbeat_s)
         self._stats = {"samples_sent": 0.0, "tokens_generated": 0.0, "groups_returned": 0.0, "prompts_failed": 0.0}
         self.limits = engine.limits()
         self.last_failure = ""  # reason of the latest prompt this generator could not take
@@ -253,16 +254,15 @@ class GeneratorWorker:
             self._stats["groups_returned"] += len(prompt_ids)
 
     def _heartbeat(self) -> None:
-        now = time.monotonic()
-        if now - self._last_heartbeat < self.heartbeat_s:
+        if not self.beats.due():
             return
-        self._last_heartbeat = now
+        now = time.monotonic()
         es = self.engine.stats()
         stats = {**self._stats, "running": float(es.running), "waiting": float(es.waiting),
                  "tokens_per_s": self._stats["tokens_generated"] / max(now - self._t0, 1e-9),
                  "weight_version": float(es.weight_version)}
-        reply = self.hub.request(R.Heartbeat(service="generator", name=self.name, stats=stats))
-        info = (reply.info or {}) if isinstance(reply, R.Ack) else {}
-        self.hub_version = max(self.hub_version, int(info.get("policy_version", self.hub_version)))
-        if info.get("shutdown"):
+        answer = self.beats.send(self.hub, stats)
+        if answer.policy_version is not None:
+            self.hub_version = max(self.hub_version, answer.policy_version)
+        if answer.shutdown:
             self.stopping = True

@@ -11,6 +11,8 @@
 * Checkpoints are atomic; `CommitStep(step)` follows the checkpoint, so after a crash the hub
   re-delivers every batch after the last checkpoint: nothing is dropped or trained twice.
 * SIGINT/SIGTERM: finish the current step, checkpoint, commit, exit 0.
+* Every rank heartbeats the hub (asyncrl.heartbeat) while it waits for a batch; a crash is reported as a
+  FatalError (services/learner.py), which turns on the hub's shutdown flag for the other services.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from asyncrl import records as R
 from asyncrl.config.model import resolve_model_path
 from asyncrl.credentials import RunSecret
 from asyncrl.config.run import RunConfig
+from asyncrl.heartbeat import Heartbeats
 from asyncrl.learner import fsdp
 from asyncrl.learner.checkpoint import latest_checkpoint
 from asyncrl.learner.trainer import Trainer
@@ -73,6 +76,7 @@ class LearnerService:
         self.rank = self.trainer.dist.rank
         self.hub = HubPeer(endpoints["replay"], name, timeout_s=15.0)
         self.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
+        self.beats = Heartbeats("learner", name)
         self.sender = WeightSender(endpoints["weights"], device=device,
                                    bucket_bytes=cfg.learner.weight_bucket_mb << 20,
                                    pause_mode=cfg.generator.inflight_update,
@@ -158,12 +162,21 @@ class LearnerService:
         while True:
             if self._any(self.stop.is_set()):
                 return None
+            self._heartbeat()
             self._serve_joins()
             if batch is None:
                 reply = self.hub.request(R.BatchRequest(learner=self.name, step=step, wait_s=0.5))
                 batch = reply if isinstance(reply, R.Batch) else None
             if self._every(batch is not None):
                 return batch
+
+    def _heartbeat(self) -> None:
+        """Liveness and progress for the hub's peer table. A hub shutting down does not stop the learner:
+        its steps end as the launcher decides (SIGINT/SIGTERM), after a checkpoint."""
+        if self.beats.due():
+            self.beats.send(self.hub, {"step": float(self.trainer.step), "policy_version": float(self.trainer.version),
+                                       "tokens_trained": float(self.tokens_trained),
+                                       "committed_step": float(self.committed_step)})
 
     def _train(self, batch: R.Batch) -> dict[str, float]:
         with self.timeline.span("train"):

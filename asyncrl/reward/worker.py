@@ -21,8 +21,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from asyncrl.heartbeat import Heartbeats
 from asyncrl.peer import HubError
-from asyncrl.records import Heartbeat, ScoredIds, ScoreRequest, ScoreResult, ScoreStatus
+from asyncrl.records import ScoredIds, ScoreRequest, ScoreResult, ScoreStatus
 from asyncrl.reward.config import RewardConfig
 from asyncrl.reward.scorer import Scorer
 
@@ -41,7 +42,8 @@ class RewardWorker:
         self._hub_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-hub")
         self.inflight: set[asyncio.Task[ScoreResult]] = set()
         self.scored = self.failed = self.rejected = 0
-        self._last_beat = (0.0, 0)  # (monotonic time, scored count) at the previous heartbeat
+        self.beats = Heartbeats("reward", name, cfg.heartbeat_s)
+        self._last_beat = (0.0, 0)  # (monotonic time, scored count) at the previous heartbeat, for the rate
         self.shutdown_requested = False
 
     async def run(self, stop: Any | None = None) -> None:
@@ -61,7 +63,7 @@ class RewardWorker:
         if self.inflight:
             done, self.inflight = await asyncio.wait(self.inflight, timeout=_POLL_S, return_when=asyncio.FIRST_COMPLETED)
             await self._send([t.result() for t in done])
-        if time.monotonic() - self._last_beat[0] >= self.cfg.heartbeat_s:
+        if self.beats.due():
             await self.heartbeat()
 
     async def _send(self, scored: list[ScoreResult]) -> None:
@@ -90,8 +92,8 @@ class RewardWorker:
         self._last_beat = (now, self.scored)
         stats = {"scored": float(self.scored), "failed": float(self.failed), "samples_per_s": rate,
                  "rejected": float(self.rejected), "inflight": float(len(self.inflight)), "pool_restarts": float(self.scorer.offload.pool_restarts)}
-        ack = await self._call(Heartbeat(service="reward", name=self.name, stats=stats))
-        self.shutdown_requested = bool(ack.info.get("shutdown", False))
+        answer = self.beats.answer(await self._call(self.beats.message(stats)))
+        self.shutdown_requested = answer.shutdown
 
     async def _call(self, msg: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._hub_thread, self.peer.request, msg)
