@@ -59,12 +59,21 @@ def make_sample(pid: str, i: int, tokens: int, rng: np.random.Generator) -> R.Sa
     )
 
 
+def connect(endpoint: str, name: str, role: str, args: argparse.Namespace) -> HubPeer:
+    """A peer proving `role` with the run's secret, as the launcher's children do (the hub refuses strangers
+    and checks what each role may send)."""
+    from asyncrl.credentials import Credentials
+
+    return HubPeer(endpoint, name, timeout_s=60, credentials=Credentials.from_run_dir(args.run_dir, role))
+
+
 def producer(endpoint: str, args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(0)
-    peer = HubPeer(endpoint, "bench-gen", timeout_s=60)
+    feeder = connect(endpoint, "bench-feeder", "client", args)  # prompts come from a client or the launcher
+    peer = connect(endpoint, "bench-gen", "generator", args)
     total = args.steps * args.prompts_per_step
     for start in range(0, total, 1024):
-        peer.request(R.SubmitPrompts(prompts=[R.Prompt(prompt_id=f"b{k}", n=args.n, text="q")
+        feeder.request(R.SubmitPrompts(prompts=[R.Prompt(prompt_id=f"b{k}", n=args.n, text="q")
                                               for k in range(start, min(total, start + 1024))]))
     template = [make_sample("", i, args.tokens, rng) for i in range(args.n)]
     rtts, leased, t_first = [], 0, 0.0
@@ -84,11 +93,12 @@ def producer(endpoint: str, args: argparse.Namespace) -> dict:
             rtts.append(time.perf_counter() - t0)
         leased += len(lease.prompts)
     peer.close()
+    feeder.close()
     return {"t_first": t_first, "rtts": rtts}
 
 
 def scorer(endpoint: str, args: argparse.Namespace) -> dict:
-    peer = HubPeer(endpoint, "bench-reward", timeout_s=60)
+    peer = connect(endpoint, "bench-reward", "reward", args)
     scored = 0
     while scored < args.steps * args.prompts_per_step * args.n:
         todo = peer.request(R.ScoreRequest(worker="bench-reward", max_samples=512, wait_s=0.5))
@@ -118,7 +128,7 @@ def _scores_message(ids: list[tuple[str, int]]) -> object:
 
 
 def learner(endpoint: str, args: argparse.Namespace) -> dict:
-    peer = HubPeer(endpoint, "bench-learner", timeout_s=60)
+    peer = connect(endpoint, "bench-learner", "learner", args)
     lat, trained, t_first = [], 0, None
     for step in range(1, args.steps + 1):
         while not isinstance(batch := peer.request(R.BatchRequest(learner="bench-learner", step=step, wait_s=1.0)), R.Batch):
@@ -149,8 +159,9 @@ def start_hub(run_dir: str, args: argparse.Namespace, src: str) -> tuple[subproc
 ROLES = {"producer": producer, "scorer": scorer, "learner": learner}
 
 
-def start_peer(role: str, endpoint: str, args: argparse.Namespace, src: str) -> subprocess.Popen:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--endpoint", endpoint, *_run_argv(args)]
+def start_peer(role: str, endpoint: str, run_dir: str, args: argparse.Namespace, src: str) -> subprocess.Popen:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--endpoint", endpoint, "--run-dir", run_dir,
+           *_run_argv(args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=src, env=_env(src),
                             preexec_fn=lambda: pin(args.peer_cores))
 
@@ -171,7 +182,7 @@ def run(args: argparse.Namespace, src: str) -> dict:
         hub, endpoint = start_hub(run_dir, args, src)
         try:
             cpu_at_start = _cpu_seconds(hub.pid)  # imports and binding are not per-sample cost
-            peers = {role: start_peer(role, endpoint, args, src) for role in ROLES}
+            peers = {role: start_peer(role, endpoint, run_dir, args, src) for role in ROLES}
             results = {role: json.loads(p.communicate(timeout=600)[0]) for role, p in peers.items()}
             log_bytes = Segments(Path(run_dir) / "replay.log").bytes_on_disk() if args.log else 0  # + snapshots
             hub_cpu_s = _cpu_seconds(hub.pid) - cpu_at_start
@@ -262,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hub-core", type=int, default=0)
     ap.add_argument("--role", choices=sorted(ROLES), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.role is not None:  # a peer process started by run()
