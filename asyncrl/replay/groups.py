@@ -41,6 +41,7 @@ class GroupEntry:
     scored: list[ScoredSample | None] = field(default_factory=list)  # [n], set once scored
     checked_min: int = -NEVER_STALE  # highest min_version it was pruned against (skips re-scans)
     client: bool = False  # submitted by a client (SubmitPrompts.watch): its failures are counted apart
+    prompt_frame: bytes | None = None  # the prompt's wire encoding, made once for snapshots (prompts never change)
 
     @classmethod
     def new(cls, prompt: Prompt, client: bool = False) -> GroupEntry:

@@ -95,7 +95,9 @@ def encode_state(st: HubState, segment: int) -> bytes:
 
 
 def _pack_group(g: GroupEntry) -> list[Any]:
-    return [wire.encode(g.prompt), g.phase.value, g.lease_id, [s.value for s in g.states], g.min_versions,
+    if g.prompt_frame is None:  # every snapshot holds every live group: encode each prompt once, not per snapshot
+        g.prompt_frame = wire.encode(g.prompt)
+    return [g.prompt_frame, g.phase.value, g.lease_id, [s.value for s in g.states], g.min_versions,
             g.checked_min, [_pack_sample(s) for s in g.samples], [_pack_scored(sc) for sc in g.scored], g.client]
 
 
@@ -144,7 +146,8 @@ def _unpack_group(v: list[Any]) -> GroupEntry:
     if type(prompt) is not R.Prompt:
         raise SnapshotInvalid(f"a group's prompt is a {type(prompt).__name__}")
     g = GroupEntry(prompt=prompt, phase=Phase(phase), lease_id=lease_id, states=[S(s) for s in states],
-                   min_versions=list(min_versions), checked_min=checked_min, client=bool(client and client[0]))
+                   min_versions=list(min_versions), checked_min=checked_min, client=bool(client and client[0]),
+                   prompt_frame=bytes(prompt_frame))
     g.samples = [None if s is None else wire.PackedSample(prompt.prompt_id, i, s[1], s[0], s[2])
                  for i, s in enumerate(samples)]
     g.scored = [None if sc is None else _unpack_scored(g.samples[i], sc) for i, sc in enumerate(scored)]
