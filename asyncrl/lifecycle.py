@@ -14,9 +14,13 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from asyncrl.config.run import RunConfig
 from asyncrl.credentials import Credentials, RunSecret
+from asyncrl.rundir import load_config, read_run_json
 
 
 class StopFlag:
@@ -67,6 +71,31 @@ def setup_logging(name: str, level: int = logging.INFO) -> logging.Logger:
     logging.basicConfig(stream=sys.stderr, level=level,
                         format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s")
     return logging.getLogger(name)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStart:
+    """What every service has once started: its arguments, logger, stop flag, the run's config and run.json."""
+
+    args: argparse.Namespace
+    log: logging.Logger
+    stop: StopFlag
+    cfg: RunConfig
+    run: dict[str, Any]  # run.json: endpoints, metrics_endpoints, addresses, pids
+
+
+def start_service(description: str, role: str | None, *, device: bool = False,
+                  argv: list[str] | None = None) -> ServiceStart:
+    """Every service's first steps, in one order: arguments (--run-dir, --name[, --device]), logging, the
+    stop flag (SIGTERM/SIGINT), the run's config.json and run.json, and, for a role that talks to the hub,
+    credentials proving it (the hub itself passes None: it holds the secret)."""
+    args = service_args(description, device=device, argv=argv)
+    log = setup_logging(args.name)
+    stop = StopFlag().install()
+    cfg, run = load_config(args.run_dir), read_run_json(args.run_dir)
+    if role is not None:
+        adopt_credentials(args.run_dir, role)
+    return ServiceStart(args=args, log=log, stop=stop, cfg=cfg, run=run)
 
 
 def service_args(description: str, *, device: bool = False, argv: list[str] | None = None) -> argparse.Namespace:

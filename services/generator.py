@@ -9,19 +9,15 @@ import torch
 
 from asyncrl.generator.build import build_generator
 from asyncrl.heartbeat import fatal_to_hub
-from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
-from asyncrl.rundir import load_config, read_run_json
+from asyncrl.lifecycle import start_service
 
 
 def main() -> None:
-    args = service_args("asyncrl generator", device=True)
-    log = setup_logging(args.name)
-    stop = StopFlag().install()
-    cfg = load_config(args.run_dir)
-    adopt_credentials(args.run_dir, "generator")
+    started = start_service("asyncrl generator", "generator", device=True)
+    args, log, stop, cfg = started.args, started.log, started.stop, started.cfg
     if args.device == "cpu":
         torch.set_num_threads(1)  # small decode steps: threads cost more than they give, and the learner shares the cores
-    endpoints = read_run_json(args.run_dir)["endpoints"]
+    endpoints = started.run["endpoints"]
     worker, closers = build_generator(cfg, args.name, args.device, endpoints, args.run_dir)
     worker.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
     log.info("generator %s on %s serving %s", args.name, args.device, endpoints["replay"])

@@ -12,20 +12,15 @@ import torch.distributed as dist
 
 from asyncrl.learner.service import LearnerService, init_distributed
 from asyncrl.heartbeat import fatal_to_hub
-from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
+from asyncrl.lifecycle import start_service
 from asyncrl.prometheus import url_port
-from asyncrl.rundir import load_config, read_run_json
 
 
 def main() -> None:
-    args = service_args("asyncrl learner rank", device=True)
-    log = setup_logging(args.name)
-    stop = StopFlag().install()
-    cfg = load_config(args.run_dir)
+    started = start_service("asyncrl learner rank", "learner", device=True)
+    args, log, stop, cfg, run = started.args, started.log, started.stop, started.cfg, started.run
     cfg.launch.host = os.environ.get("MASTER_ADDR", cfg.launch.host)  # rank 0's weight store binds its own address
-    adopt_credentials(args.run_dir, "learner")
     init_distributed(args.device)
-    run = read_run_json(args.run_dir)
     metrics_port = url_port(run.get("metrics_endpoints", {}).get("learner", ""))
     service = LearnerService(cfg, args.run_dir, args.name, args.device, run["endpoints"], stop, metrics_port)
     log.info("learner %s on %s: %d steps", args.name, args.device, cfg.learner.steps)

@@ -17,21 +17,18 @@ import sys
 from pathlib import Path
 
 from asyncrl.credentials import RunSecret
-from asyncrl.lifecycle import StopFlag, service_args, setup_logging
+from asyncrl.lifecycle import start_service
 from asyncrl.prometheus import url_port
 from asyncrl.replay.hub import Hub, install_uvloop
 from asyncrl.replay.log import LogCorrupt
-from asyncrl.rundir import load_config, read_run_json
 
 EXIT_LOG_CORRUPT = 2  # the journal is damaged: restarting cannot help, a person must act
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = service_args("asyncrl replay hub", argv=argv)
-    setup_logging(args.name)
-    stop = StopFlag().install()
-    run_dir = Path(args.run_dir)
-    cfg, run = load_config(run_dir), read_run_json(run_dir)
+    started = start_service("asyncrl replay hub", None, argv=argv)  # the hub holds the secret itself
+    stop, cfg, run = started.stop, started.cfg, started.run
+    run_dir = Path(started.args.run_dir)
     install_uvloop()
     try:
         hub = Hub(cfg.hub, cfg.batch, run_dir, run["endpoints"]["replay"], secret=RunSecret.ensure(run_dir),

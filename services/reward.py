@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 
 from asyncrl.heartbeat import fatal_to_hub
-from asyncrl.lifecycle import StopFlag, adopt_credentials, service_args, setup_logging
+from asyncrl.lifecycle import StopFlag, start_service
 from asyncrl.peer import HubPeer
 from asyncrl.reward.scorer import Scorer
 from asyncrl.reward.worker import RewardWorker
-from asyncrl.rundir import load_config, read_run_json
 
 
 async def serve(worker: RewardWorker, scorer: Scorer, stop: StopFlag) -> None:
@@ -23,12 +22,9 @@ async def serve(worker: RewardWorker, scorer: Scorer, stop: StopFlag) -> None:
 
 
 def main() -> None:
-    args = service_args("asyncrl reward worker")
-    log = setup_logging(args.name)
-    stop = StopFlag().install()
-    cfg = load_config(args.run_dir)
-    adopt_credentials(args.run_dir, "reward")
-    endpoint = read_run_json(args.run_dir)["endpoints"]["replay"]
+    started = start_service("asyncrl reward worker", "reward")
+    args, log, stop, cfg = started.args, started.log, started.stop, started.cfg
+    endpoint = started.run["endpoints"]["replay"]
     peer = HubPeer(endpoint, args.name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     peer.give_up = stop.is_set
     scorer = Scorer(cfg.reward)
