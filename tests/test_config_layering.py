@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1] / "asyncrl"
 RUN = "asyncrl.config.run"
 ASSEMBLERS = {  # build one process (or the run folder, or the config reference) from the whole run config
     "asyncrl/generator/build.py", "asyncrl/learner/service.py", "asyncrl/feeder.py", "asyncrl/rundir.py",
-    "asyncrl/config/reference.py",
+    "asyncrl/config/reference.py", "asyncrl/lifecycle.py",  # lifecycle.start_service: a service's config
 }
 
 

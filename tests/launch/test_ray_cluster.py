@@ -82,7 +82,9 @@ def test_embedded_default_learns_across_two_ray_nodes_on_loopback(cluster, tmp_p
     acc = summary["accounting"]
     assert acc["lost"] == 0 and acc["trained"] == sum(m["samples_trained"] for m in ms)
     assert summary["restarts"]["generator-0"] == 1 and summary["exit_codes"]["generator-0"] == 0
-    assert summary["hub"]["peers"]["generator-0"]["stats"]["weight_version"] == 80  # pushes crossed the nodes
+    # pushes crossed the nodes to the restarted generator (killed at step >= 20); its last heartbeat may
+    # come before the run's last push or two, so not exactly 80
+    assert 20 < summary["hub"]["peers"]["generator-0"]["stats"]["weight_version"] <= 80
     assert (run_dir / "export" / "model.safetensors").exists()
 
     assert not watch.foreign, "sockets off loopback:\n" + "\n".join(map(str, watch.foreign))
