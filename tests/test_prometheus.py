@@ -78,7 +78,7 @@ def test_metrics_writer_without_port_serves_nothing(tmp_path):
 
 
 def test_wandb_offline_logs_the_learner_metrics(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="wandb is not installed here (optional; pip install wandb)")
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e .[wandb]; the test extra has it)")
     monkeypatch.setenv("WANDB_MODE", "offline")
     w = MetricsWriter(tmp_path, wandb_project="asyncrl-test")
     w.write(1, RECORD)
