@@ -36,6 +36,15 @@ def test_final_report_has_elapsed_reward_first_to_last_samples_lost_and_export(t
     assert f"model: {tmp_path / 'export'}" in text
 
 
+def test_final_report_counts_client_prompts_apart(tmp_path):
+    acc = {"submitted": 170, "trained": 128, "failed": 0, "dropped_stale": 0, "lost": 0, "client_submitted": 10,
+           "client_failed": 2}
+    text = final_report(tmp_path, acc, elapsed_s=5, total_steps=2, outcome="finished")
+    assert "0 failed" in text and "client prompts: 10 submitted, 2 failed" in text
+    plain = final_report(tmp_path, {**acc, "client_submitted": 0, "client_failed": 0}, 5, 2, "finished")
+    assert "client prompts" not in plain
+
+
 def test_final_report_without_steps_or_accounting(tmp_path):
     text = final_report(tmp_path, {"error": "the hub did not answer"}, elapsed_s=3, total_steps=5, outcome="failed")
     assert "no step finished" in text and "the hub did not answer" in text and "not exported" in text
