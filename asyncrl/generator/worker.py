@@ -31,18 +31,13 @@ import numpy as np
 from asyncrl import records as R
 from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
 from asyncrl.generator.admission import why_not
+from asyncrl.heartbeat import Hub  # timeout_s is shortened at shutdown: an exit never hangs on a dead hub
 from asyncrl.heartbeat import Heartbeats
 from asyncrl.timeline import Timeline
 from asyncrl.weights.receiver import UpdateResult
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.02  # with nothing to decode: how long to wait for a weight push before asking the hub again
-
-
-class Hub(Protocol):
-    timeout_s: float  # per request; shortened at shutdown so an exit never hangs on a dead hub
-
-    def request(self, msg: Any) -> Any: ...
 
 
 class WeightSource(Protocol):

@@ -119,18 +119,15 @@ def pack_micro_batches(seqs: list[SeqRecord], micro_batch_tokens: int) -> list[l
     sequence alone), with the tokens then spread evenly over that many bins: a pack far smaller than the
     others costs nearly a full pack's host time per layer while the GPU idles (3 packs of 22k tokens train
     faster than 32k + 32k + 3k)."""
-    ffd = _first_fit_decreasing(seqs, micro_batch_tokens)
-    return _balanced(seqs, len(ffd), micro_batch_tokens) or ffd
+    longest_first = sorted(seqs, key=lambda s: (-s.num_input_tokens, s.index))
+    ffd = _first_fit_decreasing(longest_first, micro_batch_tokens)
+    return _balanced(longest_first, len(ffd), micro_batch_tokens) or ffd
 
 
-def _by_length(seqs: list[SeqRecord]) -> list[SeqRecord]:
-    return sorted(seqs, key=lambda s: (-s.num_input_tokens, s.index))
-
-
-def _first_fit_decreasing(seqs: list[SeqRecord], budget: int) -> list[list[SeqRecord]]:
+def _first_fit_decreasing(longest_first: list[SeqRecord], budget: int) -> list[list[SeqRecord]]:
     bins: list[list[SeqRecord]] = []
     room: list[int] = []
-    for s in _by_length(seqs):
+    for s in longest_first:
         n = s.num_input_tokens
         for i, free in enumerate(room):
             if n <= free:
@@ -143,14 +140,14 @@ def _first_fit_decreasing(seqs: list[SeqRecord], budget: int) -> list[list[SeqRe
     return bins
 
 
-def _balanced(seqs: list[SeqRecord], count: int, budget: int) -> list[list[SeqRecord]] | None:
-    """Longest first, each into the least-loaded of `count` bins; None when that breaks the budget (then
-    first-fit-decreasing's bins stand)."""
+def _balanced(longest_first: list[SeqRecord], count: int, budget: int) -> list[list[SeqRecord]] | None:
+    """Each sequence (longest first) into the least-loaded of `count` bins; None when that breaks the budget
+    (then first-fit-decreasing's bins stand)."""
     if count <= 1:
         return None
     heap = [(0, i) for i in range(count)]  # (tokens, bin)
     bins: list[list[SeqRecord]] = [[] for _ in range(count)]
-    for s in _by_length(seqs):
+    for s in longest_first:
         load, i = heapq.heappop(heap)
         if load + s.num_input_tokens > budget:
             return None
