@@ -32,19 +32,20 @@ _flash_ok: bool | None = None  # whether the build has the flash kernel (asked o
 # The kernel pair as torch custom ops with a registered backward: torch.compile traces through them (no graph
 # break per layer), so Inductor fuses rotary and the [1, H, T, D] -> [T, H, D] layout change into the kernels
 # that feed attention, and each compiled decoder layer is one graph forward and one backward.
-@torch.library.custom_op("asyncrl::flash_varlen_fwd", mutates_args=(), device_types="cuda")
-def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> tuple[Tensor, Tensor]:
-    """Causal, no dropout -> (out [T, Hq, D], logsumexp [Hq, T] fp32)."""
+def _forward(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    """Causal, no dropout -> (out [T, Hq, D], logsumexp [Hq, T] fp32). Also the op's fake: on fake tensors
+    the aten call runs torch's own meta kernel, so the shapes come from one rule."""
     out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
                                                            scale=scale)
     return out, lse
 
 
-@_flash_fwd.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> tuple[Tensor, Tensor]:
-    out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
-                                                           scale=scale)  # torch's own shape rules (meta kernel)
-    return out, lse
+@torch.library.custom_op("asyncrl::flash_varlen_fwd", mutates_args=(), device_types="cuda")
+def _flash_fwd(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    return _forward(q, k, v, cu, max_len, scale)
+
+
+_flash_fwd.register_fake(_forward)
 
 
 @torch.library.custom_op("asyncrl::flash_varlen_bwd", mutates_args=(), device_types="cuda")
