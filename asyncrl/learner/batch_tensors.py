@@ -107,10 +107,16 @@ class MicroBatch:
         return int(self.input_ids.shape[1])
 
     def to(self, device: torch.device) -> MicroBatch:
+        """Move every tensor to `device`. To a GPU the copies go from pinned memory without blocking the host
+        (a pageable host-to-device copy synchronises: with ~12 tensors per micro-batch the GPU drained and
+        waited for the host dozens of times per step); stream order makes later kernels see the bytes."""
+        pinned = device.type == "cuda"
         for name in MicroBatch.__slots__:
             value = getattr(self, name)
             if isinstance(value, Tensor):
-                setattr(self, name, value.to(device))
+                if pinned and value.device.type == "cpu":
+                    value = value.pin_memory()
+                setattr(self, name, value.to(device, non_blocking=pinned))
         return self
 
 

@@ -21,6 +21,7 @@ class PolicyModel(nn.Module):
         self.hf = hf
         self.chunk_tokens = chunk_tokens
         self.softcap = getattr(hf.config, "final_logit_softcapping", None)
+        self._premasked: bool | None = None  # whether the decoder takes a prepared mask mapping (asked once)
         self.value_head = nn.Linear(hf.config.hidden_size, 1) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight)
@@ -35,9 +36,7 @@ class PolicyModel(nn.Module):
         varlen = {} if cu_seqlens is None else {
             "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_seqlen,
             "max_length_k": max_seqlen}
-        decoder = self.hf.get_decoder()
-        hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-                         **varlen).last_hidden_state[0]  # [T, H]
+        hidden = self._decode(input_ids, position_ids, varlen)  # [T, H]
         hidden = hidden.index_select(0, gather_idx)  # [n, H]
         logp, entropy = head_logprobs(
             hidden, self.hf.get_output_embeddings(), targets, temperature, self.chunk_tokens, self.softcap)
@@ -45,6 +44,26 @@ class PolicyModel(nn.Module):
         if self.value_head is not None:
             values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()  # [n]
         return logp, entropy, values
+
+    def _decode(self, input_ids: Tensor, position_ids: Tensor, varlen: dict) -> Tensor:
+        """The decoder's last hidden state [T, H]. A packed call hands decoders that accept a prepared mask
+        mapping (Qwen2/3, Gemma 2, ...) one with no masks: the varlen kernel reads the boundaries, and building
+        the mask would scan position_ids for packing with a host sync (the GPU then drains at every
+        micro-batch). Decoders that do not accept the mapping (Llama: AttributeError on the dict) are asked
+        once and then called without it."""
+        decoder = self.hf.get_decoder()
+        call = dict(input_ids=input_ids, position_ids=position_ids, use_cache=False, **varlen)
+        if varlen and self._premasked is not False:
+            layer_types = getattr(self.hf.config, "layer_types", None) or ["full_attention"]
+            try:
+                out = decoder(**call, attention_mask=dict.fromkeys(layer_types))
+                self._premasked = True
+                return out.last_hidden_state[0]
+            except (AttributeError, TypeError):
+                if self._premasked:
+                    raise
+                self._premasked = False
+        return decoder(**call).last_hidden_state[0]
 
 
 def load_hf(path: str, attn_implementation: str) -> nn.Module:

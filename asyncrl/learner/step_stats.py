@@ -27,7 +27,7 @@ class StepStats:
         self.device = device
         self.sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros((), device=device))
         self.maxes: dict[str, Tensor] = defaultdict(lambda: torch.full((), -torch.inf, device=device))
-        self.absdiff: list[Tensor] = []  # [n_i] per micro-batch, real tokens only
+        self.absdiff: list[Tensor] = []  # [n_i] per micro-batch, NaN at filler tokens
 
     def add_terms(self, terms: dict[str, Tensor]) -> None:
         """Loss terms of one micro-batch (scalars with grad; detached here)."""
@@ -47,7 +47,7 @@ class StepStats:
         s["is_dropped"] += (mb.is_dropped.float() * m).sum()
         diff = (mb.old_logp - mb.behav_logp).abs()  # [n]
         s["behav_prox_absdiff"] += (diff * m).sum()
-        self.absdiff.append(diff[m > 0])
+        self.absdiff.append(torch.where(m > 0, diff, torch.nan))  # NaN for filler: a boolean index would sync
         self._max("adv_max", mb.advantages, m)
         self._max("adv_neg_min", -mb.advantages, m)
         self._max("is_weight_max", mb.is_weights, m)
@@ -84,7 +84,8 @@ class StepStats:
         diffs = torch.cat(self.absdiff) if self.absdiff else torch.zeros(0, device=self.device)
         if diffs.numel() == 0:
             return torch.zeros((), device=self.device)
-        return torch.quantile(diffs.float()[: 1 << 24], 0.99)  # quantile's input limit is 2^24 elements
+        p99 = torch.nanquantile(diffs.float()[: 1 << 24], 0.99)  # quantile's input limit is 2^24 elements
+        return torch.nan_to_num(p99, nan=0.0)  # every token filler
 
 
 def _reduced(values: dict[str, Tensor], op: str) -> dict[str, float]:
