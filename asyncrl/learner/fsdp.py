@@ -102,8 +102,13 @@ def autocast(info: DistInfo, dtype: torch.dtype) -> contextlib.AbstractContextMa
 
 
 def full_tensor(t: Tensor) -> Tensor:
-    """The whole tensor of a (possibly DTensor-sharded) parameter; a collective under FSDP."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    """The whole tensor of a (possibly DTensor-sharded) parameter; a collective under FSDP with several ranks.
+    On a one-rank mesh the local shard is the whole tensor (no all-gather launched per parameter)."""
+    if not hasattr(t, "full_tensor"):
+        return t
+    if t.device_mesh.size() == 1:
+        return t.to_local()
+    return t.full_tensor()
 
 
 def all_reduce(t: Tensor, op: str = "sum") -> Tensor:

@@ -81,7 +81,9 @@ class LearnerService:
                                    bucket_bytes=cfg.learner.weight_bucket_mb << 20,
                                    pause_mode=cfg.generator.inflight_update,
                                    master_address=cfg.launch.host,
-                                   secret=RunSecret.load(self.run_dir)) if self.rank == 0 else None
+                                   secret=RunSecret.load(self.run_dir),
+                                   # the compute dtype the weights are used in (fp32 masters would double the bytes)
+                                   dtype=self.trainer.dtype) if self.rank == 0 else None
         if self.sender is not None:
             self.sender.give_up = stop.is_set  # nor for generators that died with the launcher
         self.metrics = MetricsWriter(self.run_dir, metrics_port, cfg.launch.wandb_project,

@@ -76,19 +76,31 @@ class _Shared:
         pass  # nothing moves until the generator reads; the bucket Ack is the completion
 
 
+class _Opened:
+    def __init__(self, flat: torch.Tensor):
+        self._flat = flat
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self, timeout_s: float) -> torch.Tensor:
+        return self._flat
+
+
 class IpcTransport:
     kind = "ipc"
+    reads_in_place = True
 
     def start(self, flat: torch.Tensor) -> _Shared:
         return _Shared(share(flat))
 
-    def recv(self, bucket: WeightBucket, device: torch.device) -> torch.Tensor:
+    def post(self, bucket: WeightBucket, device: torch.device) -> _Opened:
         if bucket.ipc_handle is None:
             raise ValueError("WeightBucket on a CUDA IPC link carries no ipc_handle")
         flat = open_shared(bucket.ipc_handle, device)
         if flat.numel() != bucket.nbytes:
             raise ValueError(f"CUDA IPC buffer has {flat.numel()} bytes, bucket announces {bucket.nbytes}")
-        return flat
+        return _Opened(flat)
 
     def close(self) -> None:
         pass

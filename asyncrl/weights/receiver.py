@@ -7,7 +7,8 @@ When an update begins, poll() runs the whole update before returning (the engine
     WeightGroupInit ------------------>  join the group (blocks <= timeout_s), Ack
     WeightBegin(v, mode) ------------->  _update:                                    pause(mode) -> aborted outputs
                                                                                      begin_weight_update()
-    WeightBucket + bytes (per bucket) ->   receive flat buffer, split into views,    load_weights(views)
+    WeightBucket + bytes (per bucket) ->   post the transfer at once; load the oldest   load_weights(views)
+                                           posted bucket when its bytes are there
                                   <----    Ack(bucket i)
     WeightEnd(v) --------------------->                                              end_weight_update(v)
                                                                                      resume()
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,12 +49,13 @@ from asyncrl.weights.bucket import BucketLayout, unflatten
 from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
 from asyncrl.weights.group import WeightGroup, connect_store
 from asyncrl.weights.inbox import Rejections, bound_socket, read_message
-from asyncrl.weights.transport import BroadcastTransport, DirectReceiver, WeightTransport
+from asyncrl.weights.transport import BroadcastTransport, DirectReceiver, Receiving, WeightTransport
 
 log = logging.getLogger(__name__)
 
 _FROM_LEARNER = (WeightGroupInit, WeightBegin, WeightBucket, WeightEnd, Ack)
 REJOIN_BACKOFF_S = (0.5, 30.0)  # first retry after a failed join, cap (doubling in between)
+RECEIVE_WINDOW = 2  # buckets posted and not yet loaded: bucket i+1 moves while bucket i loads
 
 
 @dataclass(kw_only=True, slots=True)
@@ -172,36 +175,80 @@ class WeightReceiver:
         return UpdateResult(ok=True, version=begin.version, aborted=aborted, timings=timings)
 
     def _receive_buckets(self, version: int, timings: dict[str, float]) -> None:
+        """Post each announced bucket's transfer as soon as it is announced (at most RECEIVE_WINDOW posted),
+        load the oldest once its bytes are there, ack it; WeightEnd closes the update after the last load."""
+        pending: deque[_Posted] = deque()
         index = 0
         while True:
-            msg = self._recv(self.timeout_s)
+            msg = self._next_message(pending)
+            if msg is None:  # the oldest posted bucket is there (or the window is full): load it
+                self._finish(pending.popleft(), version, timings)
+                continue
             if isinstance(msg, WeightEnd):
                 if msg.version != version:
                     raise WeightUpdateError(f"WeightEnd for v{msg.version} inside the update to v{version}")
+                while pending:
+                    self._finish(pending.popleft(), version, timings)
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).synchronize()  # every load landed before the Ack
                 return
             if not isinstance(msg, WeightBucket) or msg.version != version:
                 raise WeightUpdateError(f"expected WeightBucket/WeightEnd of v{version}, got {_describe(msg)}")
-            self._load_bucket(msg, timings)
-            self._send(Ack(info={"stage": "bucket", "version": version, "bucket": index}))
+            posted = self._post(msg, index, timings)
+            if posted is not None:
+                pending.append(posted)
+            else:
+                self._send(Ack(info={"stage": "bucket", "version": version, "bucket": index}))
             index += 1
 
-    def _load_bucket(self, bucket: WeightBucket, timings: dict[str, float]) -> None:
+    def _next_message(self, pending: deque[_Posted]) -> Any:
+        """The next learner message, or None once the oldest posted bucket's bytes arrived (or the window is
+        full). Waits at most timeout_s with nothing posted."""
+        if not pending:
+            return self._recv(self.timeout_s)
+        if len(pending) >= RECEIVE_WINDOW:
+            return None
+        deadline = time.monotonic() + self.timeout_s
+        pause = 2e-5
+        while time.monotonic() < deadline:
+            if self._sock.poll(0):
+                msg = self._read_one()
+                if msg is not None:
+                    return msg
+            elif pending[0].receiving.ready():
+                return None
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, 5e-4)
+        return None  # _finish's wait reports the timeout
+
+    def _post(self, bucket: WeightBucket, index: int, timings: dict[str, float]) -> _Posted | None:
+        """Enter this side of the bucket's transfer (None: a DirectReceiver engine received and loaded it)."""
         layout = BucketLayout.of(bucket)
         layout.validate(self.max_bucket_bytes)
         t = time.perf_counter()
         if isinstance(self.engine, DirectReceiver):  # the engine's own ranks receive and load
             self.engine.receive_bucket(bucket)
             timings["load_s"] += time.perf_counter() - t
-            return
+            return None
         assert self._transport is not None
-        flat = self._transport.recv(bucket, self.device)
+        receiving = self._transport.post(bucket, self.device)
+        timings["recv_s"] += time.perf_counter() - t
+        return _Posted(index=index, layout=layout, receiving=receiving)
+
+    def _finish(self, posted: _Posted, version: int, timings: dict[str, float]) -> None:
+        """Wait for the bucket's bytes, load them into the engine, ack."""
+        assert self._transport is not None
+        t = time.perf_counter()
+        flat = posted.receiving.result(self.timeout_s)
         t1 = time.perf_counter()
         timings["recv_s"] += t1 - t
-        self.engine.load_weights(unflatten(flat, layout))
-        if flat.is_cuda:
-            torch.cuda.current_stream(flat.device).synchronize()  # the copies finished reading `flat`
-        del flat
+        self.engine.load_weights(unflatten(flat, posted.layout))
+        if flat.is_cuda and self._transport.reads_in_place:
+            torch.cuda.current_stream(flat.device).synchronize()  # done reading the learner's buffer before the Ack
+        del flat  # a received buffer is reused in stream order after the copies that read it
         timings["load_s"] += time.perf_counter() - t1
+        self._send(Ack(info={"stage": "bucket", "version": version, "bucket": posted.index}))
 
     # ------------------------------------------------------------------ membership
 
@@ -280,17 +327,32 @@ class WeightReceiver:
             if left <= 0 or not self._sock.poll(int(left * 1000)):
                 raise WeightUpdateError(f"generator waited {timeout_s:.1f}s for the learner's next WeightBucket/"
                                         "WeightEnd during an update; the learner sent nothing readable")
-            msg = self._recv_now()
-            if isinstance(msg, Ack) and msg.info.get("stage") == "dropped":
-                raise WeightUpdateError(f"learner dropped this generator: {msg.info.get('error', '')}")
+            msg = self._read_one()
             if msg is not None:
                 return msg
+
+    def _read_one(self) -> Any:
+        """One waiting message inside an update (None: a bad frame, counted); the learner's drop notice raises."""
+        msg = self._recv_now()
+        if isinstance(msg, Ack) and msg.info.get("stage") == "dropped":
+            raise WeightUpdateError(f"learner dropped this generator: {msg.info.get('error', '')}")
+        return msg
+
+
+@dataclass(kw_only=True, slots=True)
+class _Posted:
+    """A bucket whose transfer this side entered; loaded once its bytes are there."""
+
+    index: int
+    layout: BucketLayout
+    receiving: Receiving
 
 
 class _Direct:
     """Transport stand-in for a DirectReceiver engine: the engine itself is the group member."""
 
     kind = "direct"
+    reads_in_place = False
 
     def __init__(self, engine: DirectReceiver):
         self.engine = engine
@@ -298,7 +360,7 @@ class _Direct:
     def start(self, flat: torch.Tensor) -> Any:
         raise NotImplementedError("a DirectReceiver link only receives")
 
-    def recv(self, bucket: WeightBucket, device: torch.device) -> torch.Tensor:
+    def post(self, bucket: WeightBucket, device: torch.device) -> Receiving:
         raise NotImplementedError("a DirectReceiver engine receives in receive_bucket()")
 
     def close(self) -> None:

@@ -9,10 +9,15 @@ The bytes go by a per-generator transport (broadcast on that generator's own gro
     Ack(stage=group) ---------------------> member
              <---- WeightBegin(v, mode)     generator pauses its engine, opens the update
              <---- WeightBucket i           then the bucket's bytes (broadcast or IPC) ... per bucket:
-    Ack(stage=bucket, i) -----------------> learner waits for it before sending bucket i+1 (it gathers
-                                            bucket i+1 meanwhile, so gather overlaps the generator's load)
+    Ack(stage=bucket, i) -----------------> generator loaded bucket i (read as it comes, not waited for)
              <---- WeightEnd(v)             generator closes the update, resumes
     Ack(stage=end, timings) --------------> push() returns a PushReport
+
+Backpressure: at most `window` buckets are in flight. The learner gathers, announces and launches bucket
+i+1 while bucket i moves, and before gathering bucket i+window it waits until bucket i's bytes are
+delivered (CUDA IPC: until the generator acked it, since it reads the learner's buffer in place). So a
+push holds at most `window` buckets of memory on each side, and the transfers run back to back: the
+generator posts its side of bucket i+1 before it loads bucket i (receiver.py).
 
 The learner blocks only inside push()/serve_joins(), and never longer than `timeout_s` per step. A
 generator that times out, errors, or dies is dropped (its group closed, told so if it still listens: it
@@ -31,7 +36,9 @@ import logging
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,12 +52,21 @@ from asyncrl.weights.group import WeightGroup, host_store
 from asyncrl.weights.inbox import Rejections, bound_socket, read_message
 from asyncrl.weights.member import MAX_PENDING_JOINS, Member, check_join, take_ack
 from asyncrl.weights.report import PushReport
-from asyncrl.weights.transport import BroadcastTransport
+from asyncrl.weights.transport import BroadcastTransport, Sending
 from asyncrl.zap import ZapHandler
 
 log = logging.getLogger(__name__)
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(kw_only=True, slots=True)
+class _InFlight:
+    """A bucket announced and launched to `sendings`' members, its bytes perhaps still moving."""
+
+    index: int
+    flat: torch.Tensor  # uint8 [nbytes], kept alive until retired
+    sendings: list[tuple[Member, Sending]]
 
 
 class WeightSender:
@@ -64,15 +80,22 @@ class WeightSender:
         master_address: str = "127.0.0.1",
         timeout_s: float = 60.0,
         secret: bytes | None = None,
+        dtype: torch.dtype | None = None,
+        window: int = 2,
     ):
         """endpoint: ZeroMQ address to bind ("tcp://127.0.0.1:0" picks a port; see `.endpoint`).
         device: where buckets are packed (the learner's device). master_address: address generators use
         to reach this host's rendezvous stores. secret: the run's secret; with it, a peer that does not
-        prove a role of the run (ZAP: PLAIN on loopback, CURVE elsewhere; asyncrl/zap.py) cannot connect."""
+        prove a role of the run (ZAP: PLAIN on loopback, CURVE elsewhere; asyncrl/zap.py) cannot connect.
+        dtype: floating-point tensors travel cast to it (the generators' model dtype; None: as given).
+        window: buckets in flight per push (>= 1; see the module docstring)."""
         if pause_mode not in ("abort", "continue"):
             raise ValueError(f"pause_mode={pause_mode!r}: must be 'abort' or 'continue'")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s}: must be > 0")
+        if window < 1:
+            raise ValueError(f"window={window}: must be >= 1 (buckets in flight per push)")
+        self.dtype, self.window = dtype, window
         self.device = torch.device(device)
         self.bucket_bytes, self.pause_mode = bucket_bytes, pause_mode
         self.master_address, self.timeout_s = master_address, timeout_s
@@ -140,22 +163,23 @@ class WeightSender:
     # ------------------------------------------------------------------ the push (one place)
 
     def _push_to(self, members: list[Member], named_tensors: NamedTensors, version: int, report: PushReport) -> PushReport:
-        """begin -> per bucket (announce, transfer, ack) -> end; the generators pause and resume themselves."""
+        """begin -> per bucket (gather, announce, launch; at most `window` in flight) -> end; the generators
+        pause and resume themselves."""
         t0 = time.perf_counter()
         live = self._send_all(members, WeightBegin(version=version, pause_mode=self.pause_mode), report)
         if not live:
             drain(named_tensors)  # other FSDP ranks iterate too: the collectives inside must still run
             named_tensors = ()
-        held: tuple[int, torch.Tensor] | None = None  # last bucket, alive until acked (CUDA IPC reads it)
-        for index, (flat, layout) in enumerate(self._timed(iter_buckets(named_tensors, self.bucket_bytes, self.device), report)):
-            if held is not None:
-                live = self._await(live, "bucket", version, report, index=held[0])
-            live = self._send_bucket(live, index, flat, layout, version, report)
-            held = (index, flat)
+        inflight: deque[_InFlight] = deque()
+        buckets = iter_buckets(named_tensors, self.bucket_bytes, self.device, self.dtype)
+        for index, (flat, layout) in enumerate(self._timed(buckets, report)):
+            while len(inflight) >= self.window:
+                live = self._retire(inflight.popleft(), live, version, report)
+            live, sendings = self._send_bucket(live, index, flat, layout, version, report)
+            inflight.append(_InFlight(index=index, flat=flat, sendings=sendings))
             report.buckets, report.bytes = index + 1, report.bytes + layout.nbytes
-        if held is not None:
-            live = self._await(live, "bucket", version, report, index=held[0])
-        del held
+        while inflight:
+            live = self._retire(inflight.popleft(), live, version, report)
         live = self._send_all(live, WeightEnd(version=version), report)
         live = self._await(live, "end", version, report)
         report.generators = sorted(report.generators + [m.name for m in live])
@@ -173,8 +197,9 @@ class WeightSender:
                 return
             yield item
 
-    def _send_bucket(self, live: list[Member], index: int, flat: torch.Tensor, layout: BucketLayout, version: int, report: PushReport) -> list[Member]:
-        """announce to every member -> launch every transfer -> wait for every transfer (see transport.py)."""
+    def _send_bucket(self, live: list[Member], index: int, flat: torch.Tensor, layout: BucketLayout, version: int,
+                     report: PushReport) -> tuple[list[Member], list[tuple[Member, Sending]]]:
+        """announce to every member -> launch every transfer (see transport.py); nothing waits here."""
         t = time.perf_counter()
         announced = []
         for m in live:
@@ -192,16 +217,45 @@ class WeightSender:
                 started.append((m, sending))
             except Exception as e:
                 self._drop(m, f"bucket {index} launch (learner waited for the generator to enter the broadcast): {e}", report)
+        report.transfer_s += time.perf_counter() - t
+        return [m for m, _ in started], started
+
+    def _retire(self, bucket: _InFlight, live: list[Member], version: int, report: PushReport) -> list[Member]:
+        """Wait until the bucket's bytes are delivered to every live member (and, where the generator reads the
+        learner's buffer in place, until it acked the bucket); then its buffer may go."""
+        t = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
-        ok = []
-        for m, sending in started:
+        for m, sending in bucket.sendings:
+            if m not in live:
+                continue
             try:
                 sending.wait(max(0.0, deadline - time.monotonic()))
-                ok.append(m)
             except Exception as e:
-                self._drop(m, f"bucket {index} transfer (learner waited for the bytes to arrive): {e}", report)
+                self._drop(m, f"bucket {bucket.index} transfer (learner waited for the bytes to arrive): {e}", report)
+                live = [x for x in live if x is not m]
         report.transfer_s += time.perf_counter() - t
-        return ok
+        in_place = [m for m in live if m.transport is not None and m.transport.reads_in_place]
+        if in_place:
+            acked = self._await(in_place, "bucket", version, report, index=bucket.index)
+            live = [m for m in live if m not in in_place or m in acked]
+        return self._note_bucket_acks(live, report)
+
+    def _note_bucket_acks(self, live: list[Member], report: PushReport) -> list[Member]:
+        """Read the bucket acks that arrived (never waits): a failed one drops its member now rather than at
+        the end of the push, and read acks do not pile up towards the flood limit."""
+        self._pump(0.0)
+        kept = []
+        for m in live:
+            if m.transport is not None and m.transport.reads_in_place:
+                kept.append(m)  # its acks are awaited one by one in _retire
+                continue
+            failed = next((a for a in m.acks if not a.ok), None)
+            if failed is not None:
+                self._drop(m, f"{failed.info.get('stage', 'bucket')}: {failed.info.get('error', 'failed')}", report)
+                continue
+            m.acks = [a for a in m.acks if a.info.get("stage") != "bucket"]
+            kept.append(m)
+        return kept
 
     # ------------------------------------------------------------------ joins
 

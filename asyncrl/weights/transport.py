@@ -12,12 +12,19 @@ Order on the learner, per bucket (this order is what keeps NCCL from deadlocking
     announce WeightBucket(handle)       ZeroMQ; the generator reads it and enters its side of the transfer
     sending.launch()                    NCCL/gloo broadcast posted; the first one creates the communicator
                                         and blocks until the generator is inside it too (bounded)
-    sending.wait(timeout_s)             bytes delivered; keep `flat` alive until the generator acks
+    ... the learner gathers, announces and launches the next bucket (at most `window` in flight) ...
+    sending.wait(timeout_s)             bytes delivered; then `flat` may go (CUDA IPC: once the generator
+                                        acked the bucket, `reads_in_place`)
 
 Launching before announcing deadlocks NCCL's first broadcast: the learner sits inside communicator
 creation while the generator waits for the announcement that would bring it there (gloo's broadcast is
 asynchronous, so that order once worked on CPU).
-Generator: `flat = transport.recv(bucket, device)` blocks until the bytes are there (or times out).
+
+Generator: `receiving = transport.post(bucket, device)` enters its side of the transfer without waiting,
+so the next bucket's transfer can be posted before this one is loaded (broadcasts of one group run in the
+order posted, on both sides); `receiving.ready()` asks without blocking; `receiving.result(timeout_s)`
+returns the bytes once there. Waits are host-side polls with a timeout, never a GPU stream waiting on a
+transfer whose peer may be dead: a stream that waited on a hung broadcast would wedge the process.
 """
 
 from __future__ import annotations
@@ -40,15 +47,24 @@ class Sending(Protocol):
     def wait(self, timeout_s: float) -> None: ...
 
 
+class Receiving(Protocol):
+    def ready(self) -> bool:
+        """Whether the bytes are there (never blocks)."""
+
+    def result(self, timeout_s: float) -> torch.Tensor:
+        """The bucket's bytes as uint8 [nbytes] on the generator's device (waits <= timeout_s)."""
+
+
 @runtime_checkable
 class WeightTransport(Protocol):
     kind: str  # "nccl" | "gloo" | "ipc"
+    reads_in_place: bool  # the generator reads the learner's buffer itself: it lives until the bucket's Ack
 
     def start(self, flat: torch.Tensor) -> Sending:
         """Learner: prepare moving `flat` (uint8 [nbytes]) to the peer; `launch()` moves it."""
 
-    def recv(self, bucket: WeightBucket, device: torch.device) -> torch.Tensor:
-        """Generator: the announced bucket's bytes as uint8 [nbytes] on `device`."""
+    def post(self, bucket: WeightBucket, device: torch.device) -> Receiving:
+        """Generator: enter this side of the announced bucket's transfer without waiting for the bytes."""
 
     def close(self) -> None: ...
 
@@ -84,7 +100,24 @@ class _Broadcasting:
         self._keep = None
 
 
+class _Incoming:
+    """One posted receive of a broadcast."""
+
+    def __init__(self, group: WeightGroup, flat: torch.Tensor, device: torch.device):
+        self._group, self._flat, self._device = group, flat, device
+        self._work = group.broadcast(flat)
+
+    def ready(self) -> bool:
+        return self._work.is_completed()
+
+    def result(self, timeout_s: float) -> torch.Tensor:
+        self._group.wait(self._work, timeout_s)
+        return self._flat.to(self._device)
+
+
 class BroadcastTransport:
+    reads_in_place = False
+
     def __init__(self, group: WeightGroup, timeout_s: float, give_up: Callable[[], bool] | None = None):
         """give_up: polled while the sender waits for a broadcast (its owner is stopping: stop waiting)."""
         self.group, self.timeout_s, self.give_up = group, timeout_s, give_up
@@ -95,11 +128,9 @@ class BroadcastTransport:
             flat = flat.cpu()
         return _Broadcasting(self.group, flat, self.give_up)
 
-    def recv(self, bucket: WeightBucket, device: torch.device) -> torch.Tensor:
+    def post(self, bucket: WeightBucket, device: torch.device) -> Receiving:
         on = torch.device("cpu") if self.kind == "gloo" else device
-        flat = torch.empty(bucket.nbytes, dtype=torch.uint8, device=on)
-        self.group.wait(self.group.broadcast(flat), self.timeout_s)
-        return flat.to(device)
+        return _Incoming(self.group, torch.empty(bucket.nbytes, dtype=torch.uint8, device=on), device)
 
     def close(self) -> None:
         self.group.close()

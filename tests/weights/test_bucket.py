@@ -22,6 +22,26 @@ def test_round_trip_is_bit_exact_in_several_one_dtype_buckets():
         assert same_bits(got[name], t), name
 
 
+def test_buckets_cast_floating_tensors_to_the_push_dtype_and_keep_the_rest():
+    sd = {"w": torch.randn(4, 3), "b": torch.randn(3), "step": torch.tensor([7, 8]), "w16": torch.randn(2).half()}
+    buckets = list(iter_buckets(sd.items(), bucket_bytes=1 << 20, dtype=torch.bfloat16))
+    got = {}
+    for flat, layout in buckets:
+        got.update(unflatten(flat, layout))
+    assert {n: t.dtype for n, t in got.items()} == {"w": torch.bfloat16, "b": torch.bfloat16, "step": torch.int64,
+                                                    "w16": torch.bfloat16}
+    for name in ("w", "b", "w16"):
+        assert torch.equal(got[name], sd[name].to(torch.bfloat16)), name  # the same rounding as a plain cast
+    assert torch.equal(got["step"], sd["step"])
+    sizes = {tuple(layout.names): layout.nbytes for _, layout in buckets}
+    assert sizes[("w", "b")] == 15 * 2  # sized in the pushed dtype
+
+
+def test_a_bucket_refuses_mixed_dtypes():
+    with pytest.raises(ValueError, match="one dtype per bucket"):
+        flatten([("a", torch.zeros(2)), ("b", torch.zeros(2, dtype=torch.float64))])
+
+
 def test_layout_matches_sglang_flattened_bucket():
     a, b = torch.randn(3, 2), torch.randn(5)
     flat, layout = flatten([("a", a), ("b", b)])

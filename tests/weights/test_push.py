@@ -79,6 +79,24 @@ def test_push_round_trip_bit_exact_versioned_and_timed():
         assert r2["version"] == 2
 
 
+@pytest.mark.parametrize("window", [1, 3])
+def test_many_buckets_in_flight_and_a_push_dtype(window):
+    """More buckets than the 64 unread acks a member may hold (bucket acks are read as they come), with one
+    and with three buckets in flight; floating tensors travel in bf16, the int buffer as it is."""
+    sender = WeightSender("tcp://127.0.0.1:0", bucket_bytes=64, timeout_s=10.0, dtype=torch.bfloat16, window=window)
+    with spawned(sender, ["g0"]) as (_, out, _start):
+        assert sender.wait_for_joins(1, 30) == 1
+        sd = {f"w{i}": torch.randn(20) for i in range(90)} | {"steps": torch.arange(4)}
+        report = sender.push(sd.items(), version=1)
+        assert report.generators == ["g0"] and report.dropped == {} and report.buckets == 91
+        assert report.bytes == 90 * 20 * 2 + 4 * 8
+        r = results(out, ["g0"])["g0"]
+        assert r["ok"], r["error"]
+        expected = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()}
+        assert r["weights"] == {k: fingerprint(v) for k, v in expected.items()}
+        assert r["events"].count("load") == 91
+
+
 def test_late_joiner_gets_a_full_push_and_a_dead_member_is_dropped():
     sender = WeightSender("tcp://127.0.0.1:0", bucket_bytes=2048, timeout_s=5.0)
     with spawned(sender, ["a"]) as (procs, out, start):
