@@ -38,11 +38,26 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: LearnerConfig) -> torch.opt
 
 
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clip to max_norm (0: no clipping) and return the global pre-clip norm (DTensor-aware) as a 0-d device
-    tensor: reading it here would stall the host until the backward drains, and the GPU would then wait
-    for the optimizer's launches."""
-    norm = torch.nn.utils.clip_grad_norm_(
-        [p for p in params if p.grad is not None], max_norm if max_norm > 0 else float("inf"))
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return norm.detach()
+    """Clip to max_norm (0: no clipping) and return the global pre-clip L2 norm as a 0-d device tensor (read
+    with the step's other metrics: reading it here would stall the host until the backward drains).
+
+    The same numbers as `torch.nn.utils.clip_grad_norm_` (norms per tensor, the norm of those, coefficient
+    max_norm / (norm + 1e-6) capped at 1), computed on the local shards of FSDP2's DTensor gradients: every
+    DTensor op re-plans its sharding on the host, and the step's optimizer phase was host-bound on that.
+    FSDP2 shards each gradient on dim 0 without overlap, so the squared local norms sum to the global one
+    over the ranks."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    norms = torch._foreach_norm(local, 2.0)  # 0-d each
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
+    mesh = getattr(grads[0], "device_mesh", None)
+    if mesh is not None and mesh.size() > 1:
+        squared = total.square()
+        torch.distributed.all_reduce(squared, group=mesh.get_group())
+        total = squared.sqrt()
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        torch._foreach_mul_(local, coef.to(local[0].dtype))
+    return total.detach()
