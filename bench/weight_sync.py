@@ -71,8 +71,8 @@ class SinkEngine:
     def begin_weight_update(self) -> None: ...
 
     def load_weights(self, named) -> None:
-        for name, t in named:
-            self.params[name].copy_(t)
+        items = list(named)  # as the torch engine loads: one multi-tensor copy
+        torch._foreach_copy_([self.params[n] for n, _ in items], [t for _, t in items])
 
     def end_weight_update(self, version: int) -> None:
         self.weight_version = version
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), default="0.5b" if torch.cuda.is_available() else "tiny")
     p.add_argument("--pushes", type=int, default=5)
     p.add_argument("--bucket-mb", type=int, default=256)
-    p.add_argument("--window", type=int, default=2, help="buckets in flight per push (WeightSender.window)")
+    p.add_argument("--window", type=int, default=3, help="buckets in flight per push (WeightSender.window)")
     args = p.parse_args(argv)
     gpus = torch.cuda.device_count()
     learner_dev, gen_dev = ("cuda:0", "cuda:1") if gpus >= 2 else ("cuda:0", "cuda:0") if gpus == 1 else ("cpu", "cpu")

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 _FROM_LEARNER = (WeightGroupInit, WeightBegin, WeightBucket, WeightEnd, Ack)
 REJOIN_BACKOFF_S = (0.5, 30.0)  # first retry after a failed join, cap (doubling in between)
-RECEIVE_WINDOW = 2  # buckets posted and not yet loaded: bucket i+1 moves while bucket i loads
+RECEIVE_WINDOW = 4  # buckets posted and not yet loaded (a bound; the learner's window decides how many come)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -290,11 +290,11 @@ class WeightReceiver:
         return BroadcastTransport(group, self.timeout_s)
 
     def _fail(self, error: str) -> None:
-        self._close_transport()
-        try:
+        try:  # before closing the group, which breaks the learner's transfers: it then reads why
             self._send(Ack(ok=False, info={"stage": "update", "error": error}))
         except zmq.ZMQError:
             pass
+        self._close_transport()
         self._schedule_rejoin()
 
     def _on_dropped(self, reason: str) -> None:

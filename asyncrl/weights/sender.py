@@ -81,7 +81,7 @@ class WeightSender:
         timeout_s: float = 60.0,
         secret: bytes | None = None,
         dtype: torch.dtype | None = None,
-        window: int = 2,
+        window: int = 3,
     ):
         """endpoint: ZeroMQ address to bind ("tcp://127.0.0.1:0" picks a port; see `.endpoint`).
         device: where buckets are packed (the learner's device). master_address: address generators use
@@ -231,7 +231,8 @@ class WeightSender:
             try:
                 sending.wait(max(0.0, deadline - time.monotonic()))
             except Exception as e:
-                self._drop(m, f"bucket {bucket.index} transfer (learner waited for the bytes to arrive): {e}", report)
+                why = self._reported_failure(m) or f"bucket {bucket.index} transfer (learner waited for the bytes to arrive): {e}"
+                self._drop(m, why, report)
                 live = [x for x in live if x is not m]
         report.transfer_s += time.perf_counter() - t
         in_place = [m for m in live if m.transport is not None and m.transport.reads_in_place]
@@ -239,6 +240,18 @@ class WeightSender:
             acked = self._await(in_place, "bucket", version, report, index=bucket.index)
             live = [m for m in live if m not in in_place or m in acked]
         return self._note_bucket_acks(live, report)
+
+    def _reported_failure(self, m: Member, wait_s: float = 0.5) -> str:
+        """The error a generator reported for its failed update, if it does within `wait_s` (a generator that
+        fails closes its group, so the learner's transfer breaks about when its failure Ack arrives)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            failed = next((a for a in m.acks if not a.ok), None)
+            if failed is not None:
+                return f"{failed.info.get('stage', 'update')}: {failed.info.get('error', 'failed')}"
+            if time.monotonic() >= deadline:
+                return ""
+            self._pump(0.02)
 
     def _note_bucket_acks(self, live: list[Member], report: PushReport) -> list[Member]:
         """Read the bucket acks that arrived (never waits): a failed one drops its member now rather than at

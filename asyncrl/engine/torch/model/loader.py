@@ -74,7 +74,7 @@ def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tenso
     bad = [f"{n}: got {tuple(t.shape)}, want {tuple(params[n].shape)}" for n, t in items if t.shape != params[n].shape]
     if bad:
         raise ValueError(f"load_weights: shape mismatch: {bad[:10]}")
-    with torch.no_grad():
-        for name, tensor in items:
-            params[name].copy_(tensor)
+    if items:
+        with torch.no_grad():  # one multi-tensor copy (casts where dtypes differ): a copy per tensor was host-bound
+            torch._foreach_copy_([params[n] for n, _ in items], [t for _, t in items])
     return [name for name, _ in items]
