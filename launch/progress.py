@@ -1,4 +1,5 @@
-"""Live progress in the terminal: learner step, elapsed, steps/s, ETA, reward, tokens/s, staleness, queues.
+"""Live progress in the terminal: learner step, elapsed, steps/s, ETA, reward, tokens/s, staleness, the
+training-inference logprob mismatch, queues.
 
 Reads the last line of RUN_DIR/metrics.jsonl and the hub's counters; plain log lines when the
 output is not a terminal (CI, nohup): one per learner step, or every 30 s while none comes.
@@ -47,9 +48,18 @@ def progress_row(m: dict[str, Any], hub: dict[str, Any], total: int, elapsed_s: 
         "reward": f"{m['reward_mean']:.3f}" if "reward_mean" in m else "-",
         "tokens/s": f"{m.get('tokens_per_s', 0.0):.0f}",
         "staleness": f"{m.get('staleness_mean', 0.0):.2f} (max {m.get('staleness_max', 0)})",
+        "logp mismatch": _mismatch(m),
         "version": str(hub.get("policy_version", m.get("policy_version", 0))),
         "queues": " ".join(f"{k}={v}" for k, v in (hub.get("states") or {}).items() if v),
     }
+
+
+def _mismatch(m: dict[str, Any]) -> str:
+    """|learner's proximal - generator's behaviour| logprob per token, mean (p99): what makes "on-policy"
+    training off-policy; near 0 when the engine and the learner compute the same numbers."""
+    if "behav_prox_logp_absdiff" not in m:
+        return "-"
+    return f"{m['behav_prox_logp_absdiff']:.1e} (p99 {m.get('behav_prox_logp_absdiff_p99', 0.0):.1e})"
 
 
 class Progress:

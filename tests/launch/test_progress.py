@@ -10,6 +10,12 @@ def test_before_the_first_step_nothing_is_nan():
     row = progress_row({}, {}, total=20, elapsed_s=5.0, rate=None)
     assert "nan" not in " ".join(row.values())
     assert row["reward"] == "-" and row["eta"] == "-" and row["steps/s"] == "-" and row["elapsed"] == "5s"
+    assert row["logp mismatch"] == "-"
+
+
+def test_the_logprob_mismatch_is_shown_as_mean_and_p99():
+    m = {"step": 3, "behav_prox_logp_absdiff": 0.00123, "behav_prox_logp_absdiff_p99": 0.0151}
+    assert progress_row(m, {}, total=20, elapsed_s=5.0, rate=None)["logp mismatch"] == "1.2e-03 (p99 1.5e-02)"
 
 
 def test_eta_is_the_steps_left_at_the_observed_rate():
