@@ -6,6 +6,13 @@ random prompts, in one process, seeded and warmed up. One JSON line per (shape, 
     python -m bench.generation                                  # all shapes, batch 64 and 256
     python -m bench.generation --shapes 0.5b --batches 256      # the headline case only
     python -m bench.generation --skip-hf                        # engine only (no ratio)
+    python -m bench.generation --rl --shapes 0.5b               # the RL-shaped case (bench/rl_workload.py)
+    python -m bench.generation --rl --shapes tiny --rl-groups 2 --rl-n 4 --prompt-len 32 --rl-max-new 48   # CPU
+
+The RL-shaped case: 32 prompts x 8 samples of 512-token prompts (shared within a group) and responses of
+at most 1,024 tokens ending at random lengths. Both sides are credited with the same useful tokens (the
+samples' lengths); HF `generate` runs its batch until the longest sample ends, as it does with EOS.
+It runs on CPU too (the tiny shape, fp32), which is how CI keeps it alive.
 
 tokens/s counts output tokens over the whole run (prefill included) for both. `roofline_frac` is,
 over the engine's decode-only steps, (weight bytes + KV bytes read per step) / copy bandwidth
@@ -25,6 +32,8 @@ import numpy as np
 import torch
 
 SHAPES = {
+    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 128},
     "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
              "intermediate_size": 4864},
     "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
@@ -33,7 +42,8 @@ SHAPES = {
 VOCAB = 151936
 
 
-def build_hf(shape: str, max_len: int, seed: int = 0, init_std: float = 0.02, dtype: torch.dtype = torch.bfloat16):
+def build_hf(shape: str, max_len: int, seed: int = 0, init_std: float = 0.02, dtype: torch.dtype = torch.bfloat16,
+             device: str = "cuda"):
     import transformers
 
     config = transformers.Qwen2Config(
@@ -41,7 +51,7 @@ def build_hf(shape: str, max_len: int, seed: int = 0, init_std: float = 0.02, dt
         initializer_range=init_std, eos_token_id=151643, bos_token_id=151643, pad_token_id=151643,
     )
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = transformers.Qwen2ForCausalLM(config).to(dtype)
     return model.eval()
 
@@ -217,6 +227,64 @@ def bench_case(
     return row
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def rl_case(shape: str, groups: int, n: int, prompt_len: int, max_new: int, skip_hf: bool) -> dict:
+    """The RL-shaped case: engine and HF `generate` on the same RLWorkload, credited with its useful tokens."""
+    from asyncrl.engine.protocol import GenerationRequest
+    from asyncrl.records import SamplingParams
+    from bench.rl_workload import rl_workload
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    work = rl_workload(groups, n, prompt_len, max_new, VOCAB, seed=2)
+    hf = build_hf(shape, prompt_len + max_new + 16, dtype=dtype, device=device)
+    eng = make_engine(hf, groups * n, prompt_len + max_new + 16)
+
+    def run(w) -> float:
+        sync(eng.device)
+        start = time.perf_counter()
+        for i, (p, length) in enumerate(zip(w.prompts, w.lengths)):
+            params = SamplingParams(max_new_tokens=length, temperature=1.0, ignore_eos=True, seed=None)
+            eng.add(GenerationRequest(request_id=f"rl{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
+        outs = []
+        while eng.has_work():
+            outs += eng.step()
+        sync(eng.device)
+        assert sorted(len(o.token_ids) for o in outs) == sorted(w.lengths)
+        return time.perf_counter() - start
+
+    run(rl_workload(groups, n, prompt_len, min(max_new, 8), VOCAB, seed=1))  # warm-up
+    wall = run(work)
+    eng.close()
+    row = {"bench": "generation", "case": "rl", "shape": shape, **work.summary(), "dtype": str(dtype).split(".")[1],
+           "engine_tok_s": round(work.useful_tokens / wall, 1), "engine_wall_s": round(wall, 3)}
+    if not skip_hf:
+        ids = torch.tensor(work.prompts, device=device)
+        longest = max(work.lengths)
+        hf_generate(hf, ids[:, :16], 4)  # warm-up
+        sync(ids.device)
+        start = time.perf_counter()
+        hf_generate(hf, ids, longest)
+        sync(ids.device)
+        hf_wall = time.perf_counter() - start
+        row.update(hf_tok_s=round(work.useful_tokens / hf_wall, 1), hf_wall_s=round(hf_wall, 3),
+                   speedup=round(hf_wall / wall, 2))
+    row.update(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
+               commit=commit())
+    return row
+
+
+def hf_generate(hf, ids: torch.Tensor, new_tokens: int) -> None:
+    """Sampled generation of exactly `new_tokens` tokens per row (a random model's EOS would end rows early)."""
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                      max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    assert out.shape[1] == ids.shape[1] + new_tokens
+
+
 def require_cuda(bench: str) -> None:
     """GPU-only benches: one line and exit 2 on a host without CUDA (not an assertion deep inside)."""
     if not torch.cuda.is_available():
@@ -233,7 +301,19 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--skip-hf", action="store_true", help="engine only")
     parser.add_argument("--profile", action="store_true", help="also time the decode step's parts")
+    parser.add_argument("--rl", action="store_true", help="the RL-shaped case instead (prompt-len default 512)")
+    parser.add_argument("--rl-groups", type=int, default=32)
+    parser.add_argument("--rl-n", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--rl-max-new", type=int, default=1024)
     args = parser.parse_args()
+    if args.rl:
+        if args.shapes != "tiny":
+            require_cuda("bench.generation --rl (shapes other than tiny)")
+        prompt_len = args.prompt_len if args.prompt_len != 256 else 512
+        for shape in args.shapes.split(","):
+            print(json.dumps(rl_case(shape, args.rl_groups, args.rl_n, prompt_len, args.rl_max_new, args.skip_hf)),
+                  flush=True)
+        return
     require_cuda("bench.generation")
     bw = copy_bandwidth()
     for shape in args.shapes.split(","):
