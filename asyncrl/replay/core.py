@@ -157,7 +157,13 @@ class HubCore:
         return self._try_lease(env, msg, now) or self._park(env, msg, now)
 
     def _try_lease(self, env: Envelope, msg: R.LeaseRequest, now: float) -> R.Lease | None:
-        count = min(msg.max_prompts, self.state.admissible(self.cfg.max_staleness, self.batch.prompts_per_step))
+        """A fair share: with other generators parked on a lease too, this one gets at most its share of the
+        queued admissible prompts (rounded up), so one generator does not take a whole step while the others wait;
+        alone, it gets all it asks for."""
+        available = min(self.state.admissible(self.cfg.max_staleness, self.batch.prompts_per_step),
+                        len(self.state.queue))
+        others = {p.msg.generator for p in self.parked[R.LeaseRequest]} - {msg.generator}
+        count = min(msg.max_prompts, -(-available // (1 + len(others))))
         got = self.journal.grant(msg.generator, count, now, self.cfg.lease_timeout_s) if count > 0 else None
         if got is None:
             return None

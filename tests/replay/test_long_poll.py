@@ -46,6 +46,20 @@ def test_parked_lease_is_answered_when_prompts_arrive_before_its_deadline():
     assert [p.prompt_id for p in lease.prompts] == ["a"] and lease.lease_id
 
 
+def test_waiting_generators_share_the_admissible_prompts_and_one_alone_gets_all():
+    core = HubCore(HubConfig(), BatchConfig(prompts_per_step=4, samples_per_prompt=2), Journal.open(None))
+    g1, g2 = [b"g1"], [b"g2"]
+    send(core, g1, R.LeaseRequest(generator="g1", max_prompts=8, wait_s=5.0), now=0.0)
+    send(core, g2, R.LeaseRequest(generator="g2", max_prompts=8, wait_s=5.0), now=0.0)
+    send(core, CLIENT, R.SubmitPrompts(prompts=[prompt(p) for p in "abcd"]), now=0.1)
+    [l1], [l2] = replies(core, g1), replies(core, g2)
+    assert [p.prompt_id for p in l1.prompts] == ["a", "b"] and [p.prompt_id for p in l2.prompts] == ["c", "d"]
+    send(core, CLIENT, R.SubmitPrompts(prompts=[prompt(p) for p in "ef"]), now=0.2)
+    send(core, g1, R.LeaseRequest(generator="g1", max_prompts=8, wait_s=5.0), now=0.3)  # asks alone
+    [l3] = replies(core, g1)
+    assert [p.prompt_id for p in l3.prompts] == ["e", "f"]
+
+
 def test_parked_requests_time_out_at_their_deadline_capped_by_max_wait_s():
     core = make_core(max_wait_s=60.0)
     send(core, GEN, R.LeaseRequest(generator="g", max_prompts=4, wait_s=5.0), now=0.0)
