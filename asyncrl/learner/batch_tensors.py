@@ -163,28 +163,27 @@ def _balanced(longest_first: list[SeqRecord], count: int, budget: int) -> list[l
 
 
 def build_micro_batch(seqs: list[SeqRecord]) -> MicroBatch:
-    """Concatenate sequences into one packed row."""
-    ids, pos, gather, targets, temps, behav, vers = [], [], [], [], [], [], []
-    start = 0
-    for s in seqs:
-        p, r = len(s.prompt), len(s.response)
-        ids.append(np.concatenate([s.prompt, s.response[:-1]]).astype(np.int64))
-        pos.append(np.arange(p + r - 1, dtype=np.int64))
-        gather.append(np.arange(start + p - 1, start + p - 1 + r, dtype=np.int64))
-        targets.append(s.response.astype(np.int64))
-        temps.append(np.full(r, s.temperature, dtype=np.float32))
-        behav.append(s.behav_logp)
-        vers.append(s.versions.astype(np.int64))
-        start += p + r - 1
-    t = lambda parts: torch.from_numpy(np.concatenate(parts))
-    n = sum(len(s.response) for s in seqs)
-    lengths = [s.num_input_tokens for s in seqs]
+    """Concatenate sequences into one packed row (array ops over the whole pack, not a loop of small ones per
+    sequence: this runs on the host before a step's first kernel)."""
+    p_len = np.array([len(s.prompt) for s in seqs], dtype=np.int64)  # [s]
+    r_len = np.array([len(s.response) for s in seqs], dtype=np.int64)  # [s]
+    in_len = p_len + r_len - 1  # [s] input tokens: the last response token is only a target
+    in_start = np.cumsum(in_len) - in_len  # [s]
+    r_start = np.cumsum(r_len) - r_len  # [s]
+    ids = np.concatenate([x for s in seqs for x in (s.prompt, s.response[:-1])]).astype(np.int64)  # [T]
+    pos = np.arange(int(in_len.sum()), dtype=np.int64) - np.repeat(in_start, in_len)  # [T]
+    n = int(r_len.sum())
+    gather = np.repeat(in_start + p_len - 1 - r_start, r_len) + np.arange(n, dtype=np.int64)  # [n]
+    t = torch.from_numpy
     return MicroBatch(
-        input_ids=t(ids)[None], position_ids=t(pos)[None], gather_idx=t(gather), targets=t(targets),
-        temperature=t(temps), behav_logp=t(behav).float(), versions=t(vers), mask=torch.ones(n),
-        seq_lens=torch.tensor([len(s.response) for s in seqs]), seq_index=[s.index for s in seqs],
-        cu_seqlens=cu_seqlens(lengths), max_seqlen=max(lengths),
-        advantages=torch.from_numpy(np.concatenate([np.full(len(s.response), s.advantage, np.float32) for s in seqs])),
+        input_ids=t(ids)[None], position_ids=t(pos)[None], gather_idx=t(gather),
+        targets=t(np.concatenate([s.response for s in seqs]).astype(np.int64)),
+        temperature=t(np.repeat(np.array([s.temperature for s in seqs], np.float32), r_len)),
+        behav_logp=t(np.concatenate([s.behav_logp for s in seqs]).astype(np.float32)),
+        versions=t(np.concatenate([s.versions for s in seqs]).astype(np.int64)), mask=torch.ones(n),
+        seq_lens=t(r_len.copy()), seq_index=[s.index for s in seqs],
+        cu_seqlens=cu_seqlens(in_len.tolist()), max_seqlen=int(in_len.max()),
+        advantages=t(np.repeat(np.array([s.advantage for s in seqs], np.float32), r_len)),
     )
 
 
