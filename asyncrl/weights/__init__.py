@@ -6,9 +6,10 @@
     cuda_ipc.py   IpcTransport: same-GPU generators read the learner's buffer by CUDA IPC
     inbox.py      the gate for inbound control frames: bounded sockets, decode, type check, `Rejections`
     member.py     one generator as the sender sees it; check_join, take_ack
+    link.py       start_link: the learner's side of a joining generator's link (IPC, or a group built on a thread)
     report.py     PushReport
-    sender.py     WeightSender (learner rank 0): joins, push(), serve_joins()
-    receiver.py   WeightReceiver (generator): poll() runs pause -> begin -> load -> end -> resume
+    sender.py     WeightSender (learner rank 0): joins, push() with a window of buckets in flight, serve_joins()
+    receiver.py   WeightReceiver (generator): poll() runs pause -> begin -> post/load buckets -> end -> resume
 """
 
 from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, flatten, iter_buckets, unflatten

@@ -5,7 +5,7 @@ The bytes go by a per-generator transport (broadcast on that generator's own gro
 
     generator                               learner (rank 0; the only caller of this class)
     WeightJoin(version, device, gpu) ---->  queued; admitted at the next push() / serve_joins()
-             <---- WeightGroupInit          host store, build the group         (both block <= timeout_s)
+             <---- WeightGroupInit          host store, build the group (link.py) (both block <= timeout_s)
     Ack(stage=group) ---------------------> member
              <---- WeightBegin(v, mode)     generator pauses its engine, opens the update
              <---- WeightBucket i           then the bucket's bytes (broadcast or IPC) ... per bucket:
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -45,14 +44,14 @@ import torch
 import zmq
 
 from asyncrl import endpoints, wire
-from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGroupInit, WeightJoin
+from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightJoin
 from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, iter_buckets
-from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
-from asyncrl.weights.group import WeightGroup, host_store
+from asyncrl.weights.cuda_ipc import gpu_uuid
 from asyncrl.weights.inbox import Rejections, bound_socket, read_message
+from asyncrl.weights.link import start_link
 from asyncrl.weights.member import MAX_PENDING_JOINS, Member, check_join, take_ack
 from asyncrl.weights.report import PushReport
-from asyncrl.weights.transport import BroadcastTransport, Sending
+from asyncrl.weights.transport import Sending
 from asyncrl.zap import ZapHandler
 
 log = logging.getLogger(__name__)
@@ -319,37 +318,13 @@ class WeightSender:
         return done
 
     def _offer(self, identity: bytes, join: WeightJoin) -> Member:
-        """Host the rendezvous, send WeightGroupInit, start building the learner's side of the group."""
+        """Send WeightGroupInit and start building the learner's side of the link (link.py)."""
         self._group_count += 1
         name = f"asyncrl-weights-{join.generator}-{self._incarnation}-{self._group_count}"
         m = Member(name=join.generator, identity=identity, join=join)
-        if self._gpu_uuid and join.gpu_uuid == self._gpu_uuid:
-            self._send_raw(identity, WeightGroupInit(master_address="", master_port=0, rank_offset=1,
-                                                     world_size=2, group_name=name, backend="ipc"))
-            m.build["transport"] = IpcTransport()
-            return m
-        backend = "nccl" if self.device.type == "cuda" and join.device.startswith("cuda") else "gloo"
-        world = 1 + join.receiving_ranks  # learner rank 0 + the generator's receiving ranks (SGLang TP)
-        store = host_store(self.master_address, world, self.timeout_s)
-        self._send_raw(identity, WeightGroupInit(master_address=self.master_address, master_port=store.port,
-                                                 rank_offset=1, world_size=world, group_name=name, backend=backend))
-
-        def build() -> None:
-            try:
-                if self.device.type == "cuda":
-                    torch.cuda.set_device(self.device)  # a new thread starts on cuda:0
-                group = WeightGroup(store, group_name=name, rank=0, world_size=world, backend=backend,
-                                    timeout_s=self.timeout_s)
-                transport = BroadcastTransport(group, self.timeout_s, give_up=lambda: self.give_up())
-            except Exception as e:
-                m.build["error"] = str(e)
-                return
-            if m.gone:
-                transport.close()  # dropped while this thread was building
-            else:
-                m.build["transport"] = transport
-
-        threading.Thread(target=build, name=f"weights-join-{join.generator}", daemon=True).start()
+        init = start_link(m, join, name, device=self.device, gpu_uuid=self._gpu_uuid,
+                          master_address=self.master_address, timeout_s=self.timeout_s, give_up=lambda: self.give_up())
+        self._send_raw(identity, init)
         return m
 
     def _refuse(self, identity: bytes, join: WeightJoin, error: Exception, report: PushReport) -> None:
