@@ -74,6 +74,7 @@ def run(cfg: RunConfig, host: Host, placement: Placement, run_dir: Path, resume:
     """Start the processes, watch them to the end, stop them: (exit code, summary, outcome)."""
     sup = Supervisor(cfg, run_dir, resume=resume, placement=placement, host=host)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the run like Ctrl-C
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if inherited ignored (a script's `&` job)
     code, outcome = 0, "finished"
     try:
         sup.start()

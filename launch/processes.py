@@ -81,10 +81,12 @@ class Child:
 
 
 def _in_child() -> None:
-    """Before exec: no signal blocked (a blocked mask survives exec, and a Ray worker that starts a service
-    blocks SIGINT, which would keep Ctrl-C from reaching the learner); and, on Linux, SIGTERM when the
-    parent dies, even by SIGKILL (no orphans)."""
+    """Before exec: no signal blocked and SIGINT not ignored (a blocked mask and an ignored disposition both
+    survive exec: a Ray worker that starts a service blocks SIGINT, and a launcher started as a shell
+    script's background job ignores it; either would keep Ctrl-C from reaching the learner); and, on Linux,
+    SIGTERM when the parent dies, even by SIGKILL (no orphans)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python then installs its KeyboardInterrupt handler
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

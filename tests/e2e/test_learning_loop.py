@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,11 +24,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def launch(run_dir: Path, *sets: str, resume: bool = False, wait: bool = True) -> subprocess.Popen:
+def launch(run_dir: Path, *sets: str, resume: bool = False, wait: bool = True, **popen: Any) -> subprocess.Popen:
     args = ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
     cmd = [sys.executable, "-m", "launch", *args, "--set", "launch.progress=false",
            *[x for s in sets for x in ("--set", s)]]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
     if wait:
         out, _ = proc.communicate(timeout=400)
         proc.output = out  # type: ignore[attr-defined]

@@ -43,10 +43,15 @@ def test_crashed_generator_is_restarted_and_gets_weights(tmp_path):
     assert all(int(max(m["staleness_hist"], key=int)) <= 1 for m in late)  # fresh weights after the rejoin
 
 
+def _sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for a shell script's background job (`launch ... &`)
+
+
 def test_ctrl_c_checkpoints_and_stops(tmp_path):
+    """SIGINT stops the run after a checkpoint, even for a launcher that inherited SIGINT ignored."""
     run_dir = tmp_path / "run"
     proc = launch(run_dir, "learner.steps=200", "learner.checkpoint_every=100", "hub.max_uncommitted_steps=201",
-                  wait=False)
+                  wait=False, preexec_fn=_sigint_ignored)
     wait_for_step(run_dir, 2)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)

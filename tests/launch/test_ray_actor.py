@@ -52,6 +52,20 @@ def test_sigint_reaches_a_service_started_where_sigint_is_blocked(tmp_path):
     assert wait_exit(actor, pid) in (-signal.SIGINT, 1)  # KeyboardInterrupt
 
 
+def test_sigint_reaches_a_service_started_where_sigint_is_ignored(tmp_path):
+    """An ignored SIGINT (a launcher run as a script's background job) survives exec too."""
+    actor = ServiceActor()
+    spec = ProcessSpec(name="sleeper", module="timeit", args=["-n", "1", "-r", "1", "import time; time.sleep(60)"])
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        pid = actor.start(spec, str(tmp_path / "logs"), str(tmp_path))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    time.sleep(0.5)  # past interpreter start-up
+    actor.signal(pid, signal.SIGINT)
+    assert wait_exit(actor, pid) in (-signal.SIGINT, 1)  # KeyboardInterrupt
+
+
 def test_a_launch_directory_missing_on_the_node_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist on this node"):
         ServiceActor().start(ProcessSpec(name="x", module="this", args=[]), str(tmp_path), str(tmp_path / "nope"))
