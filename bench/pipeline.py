@@ -1,4 +1,4 @@
-"""python -m bench.pipeline [CONFIG] [--set k=v ...] [--repeats 2] [--keep DIR] [--plot FILE.png]
+"""python -m bench.pipeline [CONFIG] [--set k=v ...] [--repeats 2] [--keep DIR] [--plot FILE.png] [--timeline FILE.json]
 
 Runs the same config in two modes, interleaved (async, sync, async, sync: --repeats of each, so that
 drift in machine load hits both alike) — asynchronous (hub.max_staleness as configured, >= 1)
@@ -7,7 +7,9 @@ learner has pushed version k, so generation and training alternate) — and prin
 steps/s of each, async_over_sync, overlap_fraction (share of learner busy time during which
 generation also ran), generator and learner idle fractions, the staleness histogram and weight-push
 time by phase, with model shape, batch, lengths, device and commit. Each number is computed per run,
-then the median over the repeats is reported. The run directories are removed at the end unless --keep.
+then the median over the repeats is reported. The run directories are removed at the end unless --keep;
+--timeline keeps the first run of each mode's spans (every generate / train / push / checkpoint, a few kB)
+in one file, for reading a run step by step without its directory.
 """
 
 from __future__ import annotations
@@ -71,7 +73,15 @@ def analyse(run_dir: Path) -> dict:
         "reward_first": metrics[0].get("reward_mean") if metrics else None,
         "reward_last": metrics[-1].get("reward_mean") if metrics else None,
         "_spans": {"learner": learn_c, "generator": union(gen_c), "t0": t0},
+        "_timeline": relative_spans(spans, t0),
     }
+
+
+def relative_spans(spans: list[dict], t0: float) -> list[list]:
+    """Every timeline span as [process, kind, start, end] in seconds from the run's first span, in time
+    order: the per-step record (generate / train / push / checkpoint) behind the medians."""
+    rows = [[s["name"], s["kind"], round(s["start"] - t0, 4), round(s["end"] - t0, 4)] for s in spans]
+    return sorted(rows, key=lambda r: (r[2], r[0]))
 
 
 def steady_step(spans: list[dict]) -> float | None:
@@ -145,6 +155,7 @@ def median_of(runs: list[dict]) -> dict:
     out["staleness_hist"] = dict(sorted(hist.items()))
     out["per_run_steps_per_s"] = [round(r["steps_per_s"], 4) for r in runs]
     out["_spans"] = runs[0]["_spans"]
+    out["_timeline"] = runs[0].get("_timeline", [])
     return out
 
 
@@ -164,6 +175,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plot", metavar="FILE.png")
     p.add_argument("--repeats", type=int, default=2, help="runs of each mode, interleaved; medians reported")
     p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: removed at the end)")
+    p.add_argument("--timeline", metavar="FILE.json",
+                   help="write the first run of each mode's spans ([process, kind, start, end], seconds) to FILE")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats {args.repeats}: give 1 or more")
@@ -182,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(base, ignore_errors=True)
     if args.plot:
         plot(results, args.plot)
+    if args.timeline:
+        Path(args.timeline).write_text(json.dumps({mode: results[mode]["_timeline"] for mode in MODES}))
     print(json.dumps(result_line(results, cfg, staleness, args)))
 
 
@@ -207,6 +222,7 @@ def result_line(results: dict[str, dict], cfg, staleness: int, args: argparse.Na
         "learner": {"micro_batch_tokens": cfg.learner.micro_batch_tokens, "compile": cfg.learner.compile,
                     "checkpoint_every": cfg.learner.checkpoint_every},
         "commit": os.environ.get("ASYNCRL_COMMIT") or commit(), "run_dirs": args.keep or "removed",
+        "timeline": args.timeline,
     }
 
 

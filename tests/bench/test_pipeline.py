@@ -12,7 +12,8 @@ def fake_result(steps_per_s: float, steady: float) -> dict:
             "span_s": {"train": {"median": steady / 2, "max": steady, "count": 4}},
             "overlap_fraction": 0.5, "generator_idle_fraction": 0.1, "learner_idle_fraction": 0.2,
             "staleness_hist": {0: 2, 1: 2}, "push_s_per_step": {"send_s": 0.01},
-            "reward_first": 0.1, "reward_last": 0.4, "_spans": {"learner": [], "generator": [], "t0": 0.0}}
+            "reward_first": 0.1, "reward_last": 0.4, "_spans": {"learner": [], "generator": [], "t0": 0.0},
+            "_timeline": [["learner-0", "train", 0.0, steady / 2]]}
 
 
 @pytest.fixture
@@ -52,6 +53,20 @@ def test_keep_leaves_the_run_directories(fake_runs, capsys, tmp_path):
     bp.main(["--repeats", "1", "--keep", str(tmp_path / "kept")])
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["async-0", "sync-0"]
     assert json.loads(capsys.readouterr().out)["run_dirs"] == str(tmp_path / "kept")
+
+
+def test_timeline_file_holds_the_first_run_of_each_mode(fake_runs, capsys, tmp_path):
+    path = tmp_path / "timeline.json"
+    bp.main(["--repeats", "2", "--keep", str(tmp_path / "kept"), "--timeline", str(path)])
+    got = json.loads(path.read_text())
+    assert got == {"async": [["learner-0", "train", 0.0, 0.5]], "sync": [["learner-0", "train", 0.0, 1.0]]}
+    assert json.loads(capsys.readouterr().out)["timeline"] == str(path)
+
+
+def test_relative_spans_are_in_time_order_from_the_first():
+    spans = [{"name": "generator-0", "kind": "generate", "start": 12.0, "end": 13.5},
+             {"name": "learner-0", "kind": "train", "start": 10.0, "end": 11.0}]
+    assert bp.relative_spans(spans, 10.0) == [["learner-0", "train", 0.0, 1.0], ["generator-0", "generate", 2.0, 3.5]]
 
 
 def test_a_failed_run_still_removes_the_directories(monkeypatch, tmp_path):
