@@ -73,15 +73,21 @@ def prompts(batch: int, length: int, seed: int) -> list[list[int]]:
     return torch.randint(0, VOCAB, (batch, length), generator=g).tolist()
 
 
-def run_engine(eng, batch_prompts, output_len: int, temperature: float = 1.0):
-    """-> (wall seconds, outputs, decode-only step stats)."""
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_engine(eng, batch_prompts, output_len: int | list[int], temperature: float = 1.0):
+    """-> (wall seconds, outputs, decode-only step stats). `output_len`: for every prompt, or one per prompt."""
     from asyncrl.engine.protocol import GenerationRequest
     from asyncrl.records import SamplingParams
 
-    params = SamplingParams(max_new_tokens=output_len, temperature=temperature, ignore_eos=True, seed=None)
-    torch.cuda.synchronize()
+    lengths = output_len if isinstance(output_len, list) else [output_len] * len(batch_prompts)
+    sync(eng.device)
     start = time.perf_counter()
-    for i, p in enumerate(batch_prompts):
+    for i, (p, length) in enumerate(zip(batch_prompts, lengths, strict=True)):
+        params = SamplingParams(max_new_tokens=length, temperature=temperature, ignore_eos=True, seed=None)
         eng.add(GenerationRequest(request_id=f"r{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
     outs, decode_s, decode_ctx, decode_steps = [], 0.0, [], 0
     while eng.has_work():
@@ -99,12 +105,14 @@ def run_engine(eng, batch_prompts, output_len: int, temperature: float = 1.0):
 
 
 def run_hf(hf, batch_prompts, output_len: int) -> float:
-    ids = torch.tensor(batch_prompts, device="cuda")
-    torch.cuda.synchronize()
+    """Seconds for HF `generate` to sample exactly `output_len` tokens per row (a random model's EOS would end
+    rows early)."""
+    ids = torch.tensor(batch_prompts, device=hf.device)
+    sync(ids.device)
     start = time.perf_counter()
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                       max_new_tokens=output_len, min_new_tokens=output_len, pad_token_id=0)
-    torch.cuda.synchronize()
+    sync(ids.device)
     assert out.shape[1] == ids.shape[1] + output_len
     return time.perf_counter() - start
 
@@ -227,15 +235,8 @@ def bench_case(
     return row
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def rl_case(shape: str, groups: int, n: int, prompt_len: int, max_new: int, skip_hf: bool) -> dict:
     """The RL-shaped case: engine and HF `generate` on the same RLWorkload, credited with its useful tokens."""
-    from asyncrl.engine.protocol import GenerationRequest
-    from asyncrl.records import SamplingParams
     from bench.rl_workload import rl_workload
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -243,46 +244,21 @@ def rl_case(shape: str, groups: int, n: int, prompt_len: int, max_new: int, skip
     work = rl_workload(groups, n, prompt_len, max_new, VOCAB, seed=2)
     hf = build_hf(shape, prompt_len + max_new + 16, dtype=dtype, device=device)
     eng = make_engine(hf, groups * n, prompt_len + max_new + 16)
-
-    def run(w) -> float:
-        sync(eng.device)
-        start = time.perf_counter()
-        for i, (p, length) in enumerate(zip(w.prompts, w.lengths)):
-            params = SamplingParams(max_new_tokens=length, temperature=1.0, ignore_eos=True, seed=None)
-            eng.add(GenerationRequest(request_id=f"rl{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
-        outs = []
-        while eng.has_work():
-            outs += eng.step()
-        sync(eng.device)
-        assert sorted(len(o.token_ids) for o in outs) == sorted(w.lengths)
-        return time.perf_counter() - start
-
-    run(rl_workload(groups, n, prompt_len, min(max_new, 8), VOCAB, seed=1))  # warm-up
-    wall = run(work)
+    warm = rl_workload(groups, n, prompt_len, min(max_new, 8), VOCAB, seed=1)
+    run_engine(eng, warm.prompts, warm.lengths)
+    wall, outs, _ = run_engine(eng, work.prompts, work.lengths)
+    assert sorted(len(o.token_ids) for o in outs) == sorted(work.lengths)
     eng.close()
     row = {"bench": "generation", "case": "rl", "shape": shape, **work.summary(), "dtype": str(dtype).split(".")[1],
            "engine_tok_s": round(work.useful_tokens / wall, 1), "engine_wall_s": round(wall, 3)}
     if not skip_hf:
-        ids = torch.tensor(work.prompts, device=device)
-        longest = max(work.lengths)
-        hf_generate(hf, ids[:, :16], 4)  # warm-up
-        sync(ids.device)
-        start = time.perf_counter()
-        hf_generate(hf, ids, longest)
-        sync(ids.device)
-        hf_wall = time.perf_counter() - start
+        run_hf(hf, [p[:16] for p in work.prompts], 4)  # warm-up
+        hf_wall = run_hf(hf, work.prompts, max(work.lengths))  # the batch runs until its longest row ends
         row.update(hf_tok_s=round(work.useful_tokens / hf_wall, 1), hf_wall_s=round(hf_wall, 3),
                    speedup=round(hf_wall / wall, 2))
     row.update(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
                commit=commit())
     return row
-
-
-def hf_generate(hf, ids: torch.Tensor, new_tokens: int) -> None:
-    """Sampled generation of exactly `new_tokens` tokens per row (a random model's EOS would end rows early)."""
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                      max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
-    assert out.shape[1] == ids.shape[1] + new_tokens
 
 
 def require_cuda(bench: str) -> None:
