@@ -22,6 +22,7 @@ class PolicyModel(nn.Module):
         self.chunk_tokens = chunk_tokens
         self.softcap = getattr(hf.config, "final_logit_softcapping", None)
         self._premasked: bool | None = None  # whether the decoder takes a prepared mask mapping (asked once)
+        self._no_masks = dict.fromkeys(getattr(hf.config, "layer_types", None) or ["full_attention"])
         self.value_head = nn.Linear(hf.config.hidden_size, 1) if value_head else None
         if self.value_head is not None:
             nn.init.zeros_(self.value_head.weight)
@@ -54,9 +55,8 @@ class PolicyModel(nn.Module):
         decoder = self.hf.get_decoder()
         call = dict(input_ids=input_ids, position_ids=position_ids, use_cache=False, **varlen)
         if varlen and self._premasked is not False:
-            layer_types = getattr(self.hf.config, "layer_types", None) or ["full_attention"]
             try:
-                out = decoder(**call, attention_mask=dict.fromkeys(layer_types))
+                out = decoder(**call, attention_mask=self._no_masks)
                 self._premasked = True
                 return out.last_hidden_state[0]
             except (AttributeError, TypeError):
