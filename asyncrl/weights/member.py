@@ -3,7 +3,7 @@
 A member is created when the learner offers it a group (`joining`: `transport` is None and `build` fills
 in from the learner's build thread) and becomes live once both its group Ack arrived and the build ended.
 `check_join` vets a peer's WeightJoin before anything is built for it; `take_ack` pops the ack a stage
-waits for.
+waits for; `reported_failure` reads a failure the generator reported.
 """
 
 from __future__ import annotations
@@ -58,3 +58,11 @@ def take_ack(m: Member, stage: str, version: int, index: int) -> Ack | None:
         if not ack.ok:
             return ack  # a failure at any stage ends this member's update
     return None
+
+
+def reported_failure(m: Member, default_stage: str) -> str:
+    """"<stage>: <error>" of the first failed ack `m` holds, or "" (the ack stays unread)."""
+    failed = next((a for a in m.acks if not a.ok), None)
+    if failed is None:
+        return ""
+    return f"{failed.info.get('stage', default_stage)}: {failed.info.get('error', 'failed')}"

@@ -49,7 +49,7 @@ from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, it
 from asyncrl.weights.cuda_ipc import gpu_uuid
 from asyncrl.weights.inbox import Rejections, bound_socket, read_message
 from asyncrl.weights.link import start_link
-from asyncrl.weights.member import MAX_PENDING_JOINS, Member, check_join, take_ack
+from asyncrl.weights.member import MAX_PENDING_JOINS, Member, check_join, reported_failure, take_ack
 from asyncrl.weights.report import PushReport
 from asyncrl.weights.transport import Sending
 from asyncrl.zap import ZapHandler
@@ -244,13 +244,9 @@ class WeightSender:
         """The error a generator reported for its failed update, if it does within `wait_s` (a generator that
         fails closes its group, so the learner's transfer breaks about when its failure Ack arrives)."""
         deadline = time.monotonic() + wait_s
-        while True:
-            failed = next((a for a in m.acks if not a.ok), None)
-            if failed is not None:
-                return f"{failed.info.get('stage', 'update')}: {failed.info.get('error', 'failed')}"
-            if time.monotonic() >= deadline:
-                return ""
+        while not (why := reported_failure(m, "update")) and time.monotonic() < deadline:
             self._pump(0.02)
+        return why
 
     def _note_bucket_acks(self, live: list[Member], report: PushReport) -> list[Member]:
         """Read the bucket acks that arrived (never waits): a failed one drops its member now rather than at
@@ -261,9 +257,9 @@ class WeightSender:
             if m.transport is not None and m.transport.reads_in_place:
                 kept.append(m)  # its acks are awaited one by one in _retire
                 continue
-            failed = next((a for a in m.acks if not a.ok), None)
-            if failed is not None:
-                self._drop(m, f"{failed.info.get('stage', 'bucket')}: {failed.info.get('error', 'failed')}", report)
+            why = reported_failure(m, "bucket")
+            if why:
+                self._drop(m, why, report)
                 continue
             m.acks = [a for a in m.acks if a.info.get("stage") != "bucket"]
             kept.append(m)
