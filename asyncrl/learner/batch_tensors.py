@@ -106,18 +106,32 @@ class MicroBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
-    def to(self, device: torch.device) -> MicroBatch:
-        """Move every tensor to `device`. To a GPU the copies go from pinned memory without blocking the host
-        (a pageable host-to-device copy synchronises: with ~12 tensors per micro-batch the GPU drained and
-        waited for the host dozens of times per step); stream order makes later kernels see the bytes."""
-        pinned = device.type == "cuda"
-        for name in MicroBatch.__slots__:
-            value = getattr(self, name)
-            if isinstance(value, Tensor):
-                if pinned and value.device.type == "cpu":
-                    value = value.pin_memory()
-                setattr(self, name, value.to(device, non_blocking=pinned))
-        return self
+
+def to_device(micro_batches: list[MicroBatch], device: torch.device) -> None:
+    """Move every micro-batch's tensors to `device`, in place. To a GPU they travel as one pinned host buffer per
+    dtype (three copies for the whole batch), and each field becomes a view of its device buffer: a pageable
+    host-to-device copy synchronises the host with the GPU, and pinning ~12 tensors per micro-batch one by one
+    cost ~5 ms of host time a step (each pin asks the driver whether the memory is pinned already). The copies do
+    not block the host; stream order makes later kernels see the bytes, and the caching host allocator keeps
+    each pinned buffer until its copy is done."""
+    if device.type == "cpu":
+        return  # prepare builds them on the host
+    fields = [(mb, name, value) for mb in micro_batches for name in MicroBatch.__slots__
+              if isinstance(value := getattr(mb, name), Tensor) and value.device.type == "cpu"]
+    if device.type != "cuda":
+        for mb, name, value in fields:
+            setattr(mb, name, value.to(device))
+        return
+    by_dtype: dict[torch.dtype, list[tuple[MicroBatch, str, Tensor]]] = {}
+    for field in fields:
+        by_dtype.setdefault(field[2].dtype, []).append(field)
+    for dtype, group in by_dtype.items():
+        sizes = [value.numel() for _, _, value in group]
+        host = torch.empty(sum(sizes), dtype=dtype, pin_memory=True)
+        torch.cat([value.reshape(-1) for _, _, value in group], out=host)
+        flat = host.to(device, non_blocking=True)
+        for (mb, name, value), part in zip(group, flat.split(sizes)):
+            setattr(mb, name, part.view(value.shape))
 
 
 def pack_micro_batches(seqs: list[SeqRecord], micro_batch_tokens: int) -> list[list[SeqRecord]]:

@@ -38,7 +38,7 @@ from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner import export as exp
 from asyncrl.learner import fsdp, lean_attention, losses
-from asyncrl.learner.batch_tensors import MicroBatch
+from asyncrl.learner.batch_tensors import MicroBatch, to_device
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.model import PolicyModel, load_hf
 from asyncrl.learner.optim import build_optimizer, build_scheduler, clip_grad_norm
@@ -61,6 +61,10 @@ class Trainer:
         torch.manual_seed(seed)
         self.policy = self._build(model_path, cfg.needs_value_head, trainable=True)
         self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 else None
+        # Captured while FSDP2 holds the masters (fp32 DTensors); on one rank the modules' own parameters are the
+        # unsharded compute-dtype copy from the first forward on (fsdp.ComputeCopy).
+        self.masters = list(self.policy.hf.named_parameters())
+        self.compute_copy = fsdp.ComputeCopy(self.policy)
         self.optimizer = build_optimizer(self.policy.parameters(), cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.checkpoints = ckpt.CheckpointWriter()
@@ -91,8 +95,7 @@ class Trainer:
         with stage("prepare"):
             prep = prepare_batch(batch, self.cfg, self.dist.rank, self.dist.world_size, self.version)
         with stage("to_device"):
-            for mb in self._micro_batches(prep):
-                mb.to(self.dist.device)
+            to_device(list(self._micro_batches(prep)), self.dist.device)
         with stage("old_pass"):
             self._old_pass(prep)
         if adv.is_token_level(self.cfg.algorithm):
@@ -191,9 +194,14 @@ class Trainer:
                 fsdp.accumulating(self.policy, last=i == len(mbs) - 1)
                 self._backward(mb, stats)
             with stage("optimizer"):
-                grad_norms.append(clip_grad_norm(self.policy.parameters(), self.cfg.max_grad_norm))
+                grad_norms.append(clip_grad_norm(self._trainable(), self.cfg.max_grad_norm))
                 self.optimizer.step()
+                self.compute_copy.refresh()
         return grad_norms
+
+    def _trainable(self) -> list[Tensor]:
+        """The fp32 masters the optimizer updates (their gradients are the reduced ones)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def _backward(self, mb: MicroBatch, stats: StepStats) -> None:
         cfg = self.cfg
@@ -227,7 +235,7 @@ class Trainer:
     def named_full_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """(Hugging Face name, full fp32 tensor) of every policy parameter, in a fixed order. Every rank
         must iterate it (DTensor.full_tensor() is a collective); tied weights appear once."""
-        for name, p in self.policy.hf.named_parameters():
+        for name, p in self.masters:
             yield name, fsdp.full_tensor(p.detach())
 
     def save_checkpoint(self, run_dir: str | Path, extra: dict[str, Any] | None = None,

@@ -7,7 +7,7 @@ import torch
 import torch.multiprocessing as mp
 from learner_helpers import free_port, gpu_worker, make_batch
 
-from asyncrl.learner.batch_tensors import build_micro_batch, flatten_batch
+from asyncrl.learner.batch_tensors import MicroBatch, build_micro_batch, flatten_batch, to_device
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.trainer import Trainer
 
@@ -30,13 +30,27 @@ def test_unsharded_bf16_logprobs_close_to_fp32(tiny_model):
     t16 = Trainer(LearnerConfig(), str(tiny_model), device="cuda:0", dtype="bfloat16")
     t32 = Trainer(LearnerConfig(), str(tiny_model), device="cuda:0", dtype="float32")
     seqs, _ = flatten_batch(make_batch(seed=3, temperature=0.8))
-    mb = build_micro_batch(seqs).to(torch.device("cuda:0"))
+    mb = build_micro_batch(seqs)
+    to_device([mb], torch.device("cuda:0"))
     with torch.no_grad():
         lp16 = t16._forward(t16.policy, mb)[0]
         lp32 = t32._forward(t32.policy, mb)[0]
     assert (lp16 - lp32).abs().max() < 0.05
     m = t16.train_step(make_batch(seed=3))
     assert math.isfinite(m["loss"]) and m["grad_norm"] > 0
+
+
+def test_to_device_moves_every_field_unchanged():
+    seqs, _ = flatten_batch(make_batch(seed=4, groups=3, n=4))
+    mbs = [build_micro_batch(seqs[:5]), build_micro_batch(seqs[5:])]
+    host = [{k: getattr(mb, k).clone() for k in MicroBatch.__slots__ if isinstance(getattr(mb, k), torch.Tensor)}
+            for mb in mbs]
+    to_device(mbs, torch.device("cuda:0"))
+    for mb, fields in zip(mbs, host):
+        for k, v in fields.items():
+            got = getattr(mb, k)
+            assert got.is_cuda and got.dtype == v.dtype and got.shape == v.shape, k
+            assert torch.equal(got.cpu(), v), k
 
 
 def test_flash_varlen_matches_per_sequence_sdpa():
