@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from asyncrl.learner import attention
+from asyncrl.learner.merged_linear import mergeable, merged_linear
 
 # Attention classes with HF's Llama-family forward: q/k/v/o projections, optional per-head q_norm/k_norm
 # right after the view, full-width rotate_half rotary, a per-module `sliding_window` (or none).
@@ -74,9 +75,7 @@ def lean_forward(self: nn.Module, hidden_states: Tensor, position_embeddings: tu
                                   attention_mask=attention_mask, **kwargs)
     x = hidden_states[0]  # [T, hidden]
     t = x.shape[0]
-    q = self.q_proj(x).view(t, -1, head_dim)  # [T, Hq, D], a view of the projection
-    k = self.k_proj(x).view(t, -1, head_dim)  # [T, Hkv, D]
-    v = self.v_proj(x).view(t, -1, head_dim)  # [T, Hkv, D]
+    q, k, v = _qkv(self, x, head_dim)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
     if getattr(self, "q_norm", None) is not None:  # Qwen3: RMSNorm over D, per head, before rotary
         q, k = self.q_norm(q), self.k_norm(k)
     cos, sin = (e[0].unsqueeze(1) for e in position_embeddings)  # [T, 1, D]
@@ -84,6 +83,20 @@ def lean_forward(self: nn.Module, hidden_states: Tensor, position_embeddings: tu
     out = attention.varlen_attention(q, k, v, kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"]),
                                      self.scaling)  # [T, Hq, D]
     return self.o_proj(out.reshape(1, t, -1)), None
+
+
+def _qkv(self: nn.Module, x: Tensor, head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """x [T, hidden] -> q [T, Hq, D], k and v [T, Hkv, D]: views of one merged projection (merged_linear.py)
+    when the three are plain Linears, else of three. The head counts follow from `head_dim` and the sizes
+    (T * H * D elements each), so no module int becomes a symbolic size."""
+    t = x.shape[0]
+    projections = (self.q_proj, self.k_proj, self.v_proj)
+    if not mergeable(*projections):
+        return tuple(p(x).view(t, -1, head_dim) for p in projections)
+    hq = self.q_proj.weight.shape[0] // head_dim
+    hkv = self.k_proj.weight.shape[0] // head_dim
+    qkv = merged_linear(x, projections).view(t, hq + 2 * hkv, head_dim)  # [T, Hq + 2 Hkv, D]
+    return qkv.split((hq, hkv, hkv), dim=1)
 
 
 def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
