@@ -1,4 +1,4 @@
-"""One matmul for several projections of the same input (q/k/v, gate/up) in the learner's forward.
+"""One matmul for several projections of the same input (q/k/v) in the learner's forward.
 
     x [T, in] @ cat(W_1 .. W_n)^T [in, sum(out)] -> [T, sum(out)] -> split into the n outputs (views)
 
@@ -7,6 +7,11 @@ concatenates them, a copy of a few MB per layer. In the backward the n input gra
 [T, sum(out)] tensor, so the gradient of x is one matmul with K = sum(out) instead of n matmuls and n - 1
 additions, and the projections with few outputs (k and v: 128 columns on the 0.5B shape) stop running as
 their own thin, inefficient GEMMs.
+
+Not used for SwiGLU's gate/up: there the input gradient arrives through Inductor's fused "pointwise cat"
+of the two halves, a kernel that computes both halves' expressions for every element. On an H200 (0.5B
+shape, bench.learner, 2026-12-01) SwiGLU's backward went from 18.3 to 36.5 ms a step, more than the merged
+GEMMs saved.
 """
 
 from __future__ import annotations

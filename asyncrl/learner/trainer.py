@@ -37,7 +37,7 @@ from asyncrl.learner import advantages as adv
 from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner import export as exp
-from asyncrl.learner import fsdp, lean_attention, lean_mlp, losses
+from asyncrl.learner import fsdp, lean_attention, losses
 from asyncrl.learner.batch_tensors import MicroBatch, to_device
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.model import PolicyModel, load_hf
@@ -75,7 +75,6 @@ class Trainer:
         hf = load_hf(path, self.attn)
         if self.attn == attention.NAME:  # token-major attention forward for packed rows (same parameters)
             lean_attention.install(hf)
-        lean_mlp.install(hf)  # gate and up as one GEMM (same parameters)
         if trainable and self.cfg.activation_checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.cfg.compile:
