@@ -60,6 +60,7 @@ class Trainer:
         self.attn = attention.resolve(cfg.attn_implementation, device)
         torch.manual_seed(seed)
         self.policy = self._build(model_path, cfg.needs_value_head, trainable=True)
+        self.policy.train()  # every module (from_pretrained leaves the HF model in eval); _update keeps it so
         self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 else None
         # Captured while FSDP2 holds the masters (fp32 DTensors); on one rank the modules' own parameters are the
         # unsharded compute-dtype copy from the first forward on (fsdp.ComputeCopy).
@@ -129,7 +130,8 @@ class Trainer:
         """Quantities of the weights before this step's update, per micro-batch (no grad)."""
         deferred = self._prox_from_update(prep)
         need_prox = (self.cfg.off_policy != "none" and not deferred) or self.cfg.needs_value_head
-        self.policy.eval()
+        if need_prox:  # eval() / train() walk every module: ~2 ms of host time before the step's first kernel
+            self.policy.eval()
         for mb in self._micro_batches(prep):
             mb.old_logp = None if deferred else mb.behav_logp
             if need_prox:
@@ -187,7 +189,8 @@ class Trainer:
         """Forward + backward of every micro-batch, one optimizer step per mini-batch. Returns the grad norms
         (0-d device tensors, read once with the step's other metrics)."""
         grad_norms = []
-        self.policy.train()
+        if not self.policy.training:
+            self.policy.train()
         for mbs in prep.mini_batches:
             self.optimizer.zero_grad(set_to_none=True)
             for i, mb in enumerate(mbs):
