@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.generator.build import build_generator
+from asyncrl.generator.build import CPU_THREADS, build_generator
 from asyncrl.heartbeat import fatal_to_hub
 from asyncrl.lifecycle import start_service
 
@@ -16,7 +16,7 @@ def main() -> None:
     started = start_service("asyncrl generator", "generator", device=True)
     args, log, stop, cfg = started.args, started.log, started.stop, started.cfg
     if args.device == "cpu":
-        torch.set_num_threads(1)  # small decode steps: threads cost more than they give, and the learner shares the cores
+        torch.set_num_threads(CPU_THREADS)
     endpoints = started.run["endpoints"]
     worker, closers = build_generator(cfg, args.name, args.device, endpoints, args.run_dir)
     worker.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good

@@ -15,6 +15,12 @@ from asyncrl.timeline import Timeline
 from asyncrl.weights.receiver import WeightReceiver
 
 
+CPU_THREADS = 1
+"""torch threads of a generator on CPU: small decode steps, where threads cost more than they give (and the learner
+shares the cores). Deterministic mode's learner-side engine scores with the same count: a CPU GEMM's float
+reductions depend on it."""
+
+
 def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
     if cfg.generator.engine == "sglang":
         from asyncrl.engine.sglang.engine import SGLangEngine
@@ -22,8 +28,8 @@ def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
         return SGLangEngine(cfg.generator.sglang)
     from asyncrl.engine.torch.engine import TorchEngine
 
-    return TorchEngine(model_path, device=device, dtype=cfg.model.dtype,
-                       max_running=cfg.generator.max_running, seed=cfg.generator.seed)
+    return TorchEngine(model_path, device=device, dtype=cfg.model.dtype, max_running=cfg.generator.max_running,
+                       seed=cfg.generator.seed, deterministic=cfg.generator.deterministic)
 
 
 def build_generator(

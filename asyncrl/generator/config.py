@@ -27,12 +27,23 @@ class GeneratorConfig:
     """Base seed of sampling (each prompt and sample derives its own)."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     """How to reach the SGLang server when engine = "sglang"."""
+    deterministic: bool = False
+    """Torch engine: batch-invariant generation (each group prefills alone, every decode step runs max_running
+    rows), and the learner takes its proximal logprobs from the same engine code (asyncrl/learner/rescorer.py),
+    so they equal the behaviour logprobs bit for bit for every token generated on the learner's current weights
+    (importance weight exactly 1). Costs generation throughput at low load and, in the learner, an engine pass
+    over every batch. Needs learner.off_policy other than "none" to change the learner."""
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError(f"generator.count={self.count}: must be >= 1")
         if self.max_running < 1:
             raise ValueError(f"generator.max_running={self.max_running}: must be >= 1")
+        if self.deterministic and self.engine != "torch":
+            raise ValueError(
+                f"generator.deterministic=true needs generator.engine='torch' (now {self.engine!r}): the learner "
+                "re-scores with the torch engine's code; for SGLang's own mode set generator.sglang.deterministic"
+            )
         if self.devices and len(self.devices) != self.count:
             raise ValueError(
                 f"generator.devices has {len(self.devices)} entries but generator.count={self.count}: give one per generator"

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -36,6 +37,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.heartbeat import Heartbeats
 from asyncrl.learner import fsdp
 from asyncrl.learner.checkpoint import latest_checkpoint
+from asyncrl.learner.rescorer import Rescorer
 from asyncrl.learner.trainer import Trainer
 from asyncrl.lifecycle import StopFlag
 from asyncrl.metrics import MetricsWriter
@@ -66,13 +68,23 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> None:
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
 
 
+def build_rescorer(cfg: RunConfig, model_path: str, device: str) -> Rescorer | None:
+    """Deterministic mode (generator.deterministic): an engine like the generators' for the proximal logprobs."""
+    if not cfg.generator.deterministic or cfg.learner.off_policy == "none":
+        return None
+    positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096)
+    return Rescorer(model_path, device=torch.device(device), dtype=cfg.model.dtype,
+                    max_running=cfg.generator.max_running, max_tokens=min(int(positions), 4096))
+
+
 class LearnerService:
     def __init__(self, cfg: RunConfig, run_dir: str | Path, name: str, device: str,
                  endpoints: dict[str, str], stop: StopFlag, metrics_port: int | None = None) -> None:
         """`metrics_port`: rank 0 serves Prometheus gauges there (run.json's metrics_endpoints; None: off)."""
         self.cfg, self.run_dir, self.name, self.stop = cfg, Path(run_dir), name, stop
-        self.trainer = Trainer(cfg.learner, resolve_model_path(cfg.model), dtype=cfg.model.dtype, device=device,
-                               seed=cfg.launch.seed)
+        model_path = resolve_model_path(cfg.model)
+        self.trainer = Trainer(cfg.learner, model_path, dtype=cfg.model.dtype, device=device, seed=cfg.launch.seed,
+                               rescorer=build_rescorer(cfg, model_path, device))
         self.rank = self.trainer.dist.rank
         self.hub = HubPeer(endpoints["replay"], name, timeout_s=15.0)
         self.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good

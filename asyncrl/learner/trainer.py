@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -43,12 +44,15 @@ from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.model import PolicyModel, load_hf
 from asyncrl.learner.optim import build_optimizer, build_scheduler, clip_grad_norm
 from asyncrl.learner.prepare import PreparedBatch, prepare_batch
+from asyncrl.learner.rescorer import Rescorer
 from asyncrl.learner.step_stats import StepStats
 
 class Trainer:
     def __init__(self, cfg: LearnerConfig, model_path: str, *, dtype: str = "auto",
-                 device: str | torch.device | None = None, seed: int = 0) -> None:
+                 device: str | torch.device | None = None, seed: int = 0, rescorer: Rescorer | None = None) -> None:
+        """rescorer: deterministic mode's source of proximal logprobs (rescorer.py); None: the policy's forward."""
         self.cfg = cfg
+        self.rescorer = rescorer
         self.model_path = model_path
         device = fsdp.dist_info(device).device
         self.dtype = dtypes.torch_dtype(dtype, device)  # forward/backward run in it
@@ -98,7 +102,7 @@ class Trainer:
         with stage("to_device"):
             to_device(list(self._micro_batches(prep)), self.dist.device)
         with stage("old_pass"):
-            self._old_pass(prep)
+            self._old_pass(prep, batch)
         if adv.is_token_level(self.cfg.algorithm):
             self._token_advantages(prep)
         stats = StepStats(self.dist.device)
@@ -126,10 +130,11 @@ class Trainer:
             return model(mb.input_ids, mb.position_ids, mb.gather_idx, mb.targets, mb.temperature, *varlen)
 
     @torch.no_grad()
-    def _old_pass(self, prep: PreparedBatch) -> None:
+    def _old_pass(self, prep: PreparedBatch, batch: records.Batch) -> None:
         """Quantities of the weights before this step's update, per micro-batch (no grad)."""
-        deferred = self._prox_from_update(prep)
-        need_prox = (self.cfg.off_policy != "none" and not deferred) or self.cfg.needs_value_head
+        rescored = self._rescore(prep, batch) if self.rescorer is not None and self.cfg.off_policy != "none" else None
+        deferred = rescored is None and self._prox_from_update(prep)
+        need_prox = (self.cfg.off_policy != "none" and not deferred and rescored is None) or self.cfg.needs_value_head
         if need_prox:  # eval() / train() walk every module: ~2 ms of host time before the step's first kernel
             self.policy.eval()
         for mb in self._micro_batches(prep):
@@ -139,11 +144,19 @@ class Trainer:
                 mb.old_values = values
                 if self.cfg.off_policy != "none":
                     mb.old_logp = logp
+            if rescored is not None:
+                mb.old_logp = _packed_logprobs(mb, rescored)
             if mb.old_logp is not None:
                 self._set_importance(mb)
             if self.ref is not None:
                 self.ref.eval()
                 mb.ref_logp = self._forward(self.ref, mb)[0]
+
+    def _rescore(self, prep: PreparedBatch, batch: records.Batch) -> dict[int, np.ndarray]:
+        """Deterministic mode: this rank's samples scored by the generator's engine code on these weights."""
+        self.rescorer.load(self.named_full_tensors(), self.version)
+        mine = [prep.seqs[i] for mb in self._micro_batches(prep) for i in mb.seq_index if i >= 0]
+        return self.rescorer.score(mine, [group.prompt.sampling for group in batch.groups])
 
     def _prox_from_update(self, prep: PreparedBatch) -> bool:
         """The proximal logprobs can come from the update's own forward: one mini-batch (so its forward runs
@@ -266,3 +279,13 @@ class Trainer:
         """Plain Hugging Face folder of the current policy (collective; rank 0 writes)."""
         return exp.export_hf(self.named_full_tensors(), self.policy.hf.config, self.model_path, out_dir,
                              write=self.dist.rank == 0)
+
+
+def _packed_logprobs(mb: MicroBatch, rescored: dict[int, np.ndarray]) -> Tensor:
+    """Per-sequence logprobs -> [n] in the micro-batch's token order (a filler sequence keeps its behaviour
+    logprobs: its mask is 0)."""
+    parts, start = [], 0
+    for length, index in zip(mb.seq_lens.tolist(), mb.seq_index):
+        parts.append(torch.from_numpy(rescored[index]) if index >= 0 else mb.behav_logp[start:start + length].cpu())
+        start += length
+    return torch.cat(parts).to(mb.behav_logp.device)

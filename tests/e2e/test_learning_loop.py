@@ -73,6 +73,21 @@ def test_synchronous_mode_trains_only_fresh_samples(tmp_path):
     assert summary(run_dir)["accounting"]["lost"] == 0
 
 
+def test_deterministic_mode_proximal_equals_behaviour_bitwise(tmp_path):
+    """generator.deterministic: the learner re-scores with the generators' engine code. Synchronous, every token
+    is generated on the learner's current weights, so every step's behaviour and proximal logprobs agree bit
+    for bit (importance weights exactly 1)."""
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "hub.max_staleness=0", "learner.steps=4", "generator.deterministic=true")
+    assert proc.returncode == 0, proc.output
+    ms = metrics(run_dir)
+    assert len(ms) == 4
+    for m in ms:
+        assert m["staleness_max"] == 0, m
+        assert m["behav_prox_logp_absdiff"] == 0.0 and m["behav_prox_logp_absdiff_p99"] == 0.0, m
+        assert m["is_weight_mean"] == 1.0, m
+
+
 def test_killed_learner_resumes_without_dropping_or_repeating(tmp_path):
     run_dir = tmp_path / "run"
     sets = ("learner.steps=8", "learner.checkpoint_every=3")
