@@ -73,7 +73,13 @@ def time_learner(path: str, batch: records.Batch, device: torch.device, args: ar
 
     cfg = LearnerConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens, compile=args.compile,
                         attn_implementation=args.attn, activation_checkpointing=args.checkpointing)
-    trainer = Trainer(cfg, path, device=device, seed=0)
+    rescorer = None
+    if args.deterministic:  # deterministic mode's proximal logprobs: the engine re-scores the batch
+        from asyncrl.learner.rescorer import Rescorer
+
+        longest = max(len(g.prompt.token_ids) + len(s.sample.response_token_ids) for g in batch.groups for s in g.samples)
+        rescorer = Rescorer(path, device=device, dtype="auto", max_running=args.max_running, max_tokens=longest)
+    trainer = Trainer(cfg, path, device=device, seed=0, rescorer=rescorer)
     trainer_attn = trainer.attn
     times = []
     for i in range(args.warmup + args.steps):
@@ -153,6 +159,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--compile", action="store_true", help="learner.compile (torch.compile per decoder layer)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic mode: the proximal logprobs re-scored by the torch engine (learner/rescorer.py)")
+    p.add_argument("--max-running", type=int, default=256, help="the generators' max_running (--deterministic)")
     p.add_argument("--profile", metavar="FILE", help="profile one extra step; write the op tables to FILE")
     args = p.parse_args()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -178,7 +187,7 @@ def main() -> None:
         "bench": "learner", "shape": shape, "samples": len(seq_lens), "prompt_len": args.prompt_len,
         "response_len": tokens, "tokens_per_step": n_tokens, "micro_batch_tokens": args.micro_batch_tokens,
         "attn": learner["attn"], "activation_checkpointing": args.checkpointing, "compile": args.compile,
-        "step_s": round(learner["step_s"], 4), "tokens_per_s": round(n_tokens / learner["step_s"], 1),
+        "deterministic": args.deterministic, "step_s": round(learner["step_s"], 4), "tokens_per_s": round(n_tokens / learner["step_s"], 1),
         "tflops_per_s": round(step_flops / learner["step_s"] / 1e12, 2),
         "mfu": round(step_flops / learner["step_s"] / peak, 4) if peak else None,
         "hf_fwd_bwd_s": round(hf_s, 4) if hf_s else None,
