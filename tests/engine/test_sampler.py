@@ -56,3 +56,18 @@ def test_top_k_and_top_p_restrict_the_support():
     tokens, _ = sample(logits.repeat(2000, 1), batch(2000, 4, top_p=0.7))
     assert set(tokens.tolist()) == {0, 1}
     assert math.isclose((tokens == 0).float().mean().item(), 0.5 / 0.8, abs_tol=0.04)
+
+
+def test_forced_rows_take_their_token_and_leave_sampled_rows_bitwise_unchanged():
+    logits = torch.randn(8, 50) * 3
+    b = batch(8, 50, temperature=0.7, top_k=10, seed=4)
+    tokens, lps = sample(logits, b)
+    b.forced = torch.tensor([-1, 3, -1, 49, 0, -1, -1, 7])
+    f_tokens, f_lps = sample(logits, b)
+    forced = b.forced >= 0
+    assert torch.equal(f_tokens[~forced], tokens[~forced]) and torch.equal(f_lps[~forced], lps[~forced])
+    assert torch.equal(f_tokens[forced], b.forced[forced])  # even outside the top-k
+    want = torch.log_softmax(logits / 0.7, -1).gather(-1, b.forced.clamp(min=0)[:, None])[:, 0]
+    assert torch.equal(f_lps[forced], want[forced])
+    b.forced = tokens  # forcing what was sampled scores it bitwise
+    assert torch.equal(sample(logits, b)[1], lps)

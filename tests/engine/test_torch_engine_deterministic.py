@@ -13,6 +13,9 @@ from asyncrl.engine.torch.sampler import SamplingBatch, sample
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+FUSED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: the kernel under TRITON_INTERPRET=1
+FUSED = pytest.mark.skipif(not triton_ops.enabled(torch.empty(1, device=FUSED_DEVICE)),
+                           reason="needs Triton on a CUDA device (or TRITON_INTERPRET=1)")
 
 
 def _alone_and_crowded(path, device):
@@ -59,3 +62,29 @@ def test_fused_sampler_matches_reference():
     same = fused[0].long() == tokens
     assert torch.allclose(fused[1][same].float(), logprobs[same], atol=1e-5)
     assert triton_ops.enabled(logits)
+
+
+@FUSED
+def test_fused_sampler_forced_rows_are_bitwise_the_sampled_ones():
+    from asyncrl.engine.torch.triton_sampler import sample_fused
+
+    torch.manual_seed(0)
+    batch, vocab = 16, 5003  # vocab > BLOCK_V: the forced token may sit in any chunk
+    dev = FUSED_DEVICE
+    logits = (torch.randn(batch, vocab, device=dev) * 3).bfloat16()
+    temps = torch.rand(batch, device=dev) + 0.3
+    temps[:3] = 0.0  # greedy rows
+    seeds = torch.randint(0, 2**62, (batch,), device=dev)
+    steps = torch.randint(0, 1000, (batch,), device=dev)
+    sampled = sample_fused(logits, temps, seeds, steps)
+    again = sample_fused(logits, temps, seeds, steps, sampled[0].long())  # force what was sampled
+    assert torch.equal(again, sampled)
+    forced = torch.full((batch,), -1, dtype=torch.int64, device=dev)
+    forced[::2] = torch.randint(0, vocab, (batch // 2,), device=dev)
+    mixed = sample_fused(logits, temps, seeds, steps, forced)
+    free, pinned = forced < 0, forced >= 0
+    assert torch.equal(mixed[:, free], sampled[:, free])  # sampled rows untouched
+    assert torch.equal(mixed[0, pinned].long(), forced[pinned])
+    scaled = logits.float() / torch.where(temps > 0, temps, 1.0)[:, None]
+    want = torch.log_softmax(scaled, -1).gather(-1, forced.clamp(min=0)[:, None])[:, 0].double()
+    assert torch.allclose(mixed[1, pinned], want[pinned], atol=1e-5)

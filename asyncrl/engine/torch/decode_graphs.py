@@ -18,8 +18,8 @@ import torch
 
 from asyncrl.engine.torch.sequence import Sequence
 
-# ints rows: input id, position, cache slot, context length, seed, step
-_IDS, _POS, _SLOT, _CTX, _SEED, _STEP = range(6)
+# ints rows: input id, position, cache slot, context length, seed, step, forced token (-1: sample)
+_IDS, _POS, _SLOT, _CTX, _SEED, _STEP, _FORCED = range(7)
 
 
 def bucket_sizes(max_batch: int) -> list[int]:
@@ -33,8 +33,8 @@ class DecodeBuffers:
     def __init__(self, max_batch: int, max_blocks: int, scratch_block: int, block_size: int, device: torch.device):
         pin = device.type == "cuda"
         self.max_batch, self.block_size = max_batch, block_size
-        self.pad = {_IDS: 0, _POS: 0, _SLOT: scratch_block * block_size, _CTX: 1, _SEED: 0, _STEP: 0}
-        self.h_ints = torch.zeros((6, max_batch), dtype=torch.int64, pin_memory=pin)
+        self.pad = {_IDS: 0, _POS: 0, _SLOT: scratch_block * block_size, _CTX: 1, _SEED: 0, _STEP: 0, _FORCED: -1}
+        self.h_ints = torch.zeros((len(self.pad), max_batch), dtype=torch.int64, pin_memory=pin)
         self.h_temps = torch.zeros(max_batch, dtype=torch.float32, pin_memory=pin)
         self.h_tables = torch.full((max_batch, max_blocks), scratch_block, dtype=torch.int64, pin_memory=pin)
         for row, value in self.pad.items():
@@ -52,6 +52,7 @@ class DecodeBuffers:
         ints[_CTX, :n] = [p + 1 for p in positions]
         ints[_SEED, :n] = [s.seed for s in seqs]
         ints[_STEP, :n] = [s.num_outputs for s in seqs]
+        ints[_FORCED, :n] = [s.forced_token for s in seqs]
         for row, value in self.pad.items():
             ints[row, n:size] = value
         self.h_temps.numpy()[:n] = [s.sampling.temperature for s in seqs]
@@ -72,7 +73,7 @@ class DecodeBuffers:
         ints = self.ints[:, :size]
         return {
             "input_ids": ints[_IDS], "positions": ints[_POS], "slot_mapping": ints[_SLOT],
-            "context_lens": ints[_CTX], "seeds": ints[_SEED], "steps": ints[_STEP],
+            "context_lens": ints[_CTX], "seeds": ints[_SEED], "steps": ints[_STEP], "forced": ints[_FORCED],
             "temperatures": self.temps[:size], "block_tables": self.tables[:size, :width],
         }
 

@@ -8,6 +8,7 @@ One thread (the generator service) drives it:
 
 Every sampled token is stamped with the weight version current when it was sampled. With
 pause('continue') in-flight sequences keep their KV cache and continue under the new weights.
+`score(groups)` runs given responses through the same steps with their tokens forced (`scoring`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import random
 import time
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 from asyncrl import dtypes
@@ -31,7 +33,9 @@ from asyncrl.engine.protocol import (
     GenerationRequest,
     PauseMode,
 )
+from asyncrl.engine.torch.forced_group import ForcedGroup
 from asyncrl.engine.torch.scheduler import Scheduler
+from asyncrl.engine.torch.scoring import score_forced
 from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 from asyncrl.records import FinishReason
 
@@ -62,8 +66,9 @@ class TorchEngine:
         seed: draws the sampling seed of requests that give none. cuda_graphs: replay decode steps
         from CUDA graphs captured per padded batch size (CUDA only). deterministic: a sample's tokens
         and logprobs do not depend on what else runs (each group prefills alone, every decode step
-        runs max_running rows); costs throughput at low load. Preemption recomputes a sequence's
-        KV by prefill, so keep num_kv_blocks large enough that it does not happen."""
+        runs max_running rows), and `score` reproduces generation's logprobs bitwise; costs throughput
+        at low load. Preemption recomputes a sequence's KV by prefill, so keep num_kv_blocks large
+        enough that it does not happen."""
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
             if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
@@ -148,6 +153,17 @@ class TorchEngine:
         if seqs:
             finished += self._decode(seqs)
         return self._outputs(finished)
+
+    def score(self, groups: list[ForcedGroup]) -> list[list[np.ndarray]]:
+        """Logprob of every response token, as generation computes it, in input order: [group][sample]
+        -> [response_len] float32. Bitwise equal to the generation logprobs in deterministic mode (same
+        weights and sampling params; see `scoring`); needs an idle engine (no requests in flight)."""
+        self._check_open()
+        if self._paused or self._updating:
+            raise RuntimeError("score() while paused or in a weight update: end the update and resume() first")
+        if self.scheduler.has_work():
+            raise RuntimeError("score() needs an idle engine: finish or abort the requests in flight first")
+        return score_forced(self, groups)
 
     def has_work(self) -> bool:
         return not self._closed and self.scheduler.has_work()
@@ -246,6 +262,8 @@ class TorchEngine:
         return finished
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        if seq.forced_token_ids is not None:  # scoring: the forced tokens decide, not EOS or max_new_tokens
+            return FinishReason.LENGTH if seq.forced_done else None
         params = seq.sampling
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return FinishReason.STOP

@@ -6,8 +6,13 @@
                       step eagerly (model -> lm_head -> fused sampler) -> one host copy of the results
 
 Sampling runs in the fused GPU kernel (`triton_sampler`) when available; rows with top-k / top-p, and
-the CPU, use `sampler.sample`. Besides the model, the KV cache and the static decode buffers, nothing
-here keeps state between steps.
+the CPU, use `sampler.sample`. Both take each row's forced token (`Sequence.forced_token`, -1 = sample):
+scoring runs this same path with the response's tokens in place of samples. Besides the model, the KV
+cache and the static decode buffers, nothing here keeps state between steps.
+
+fixed_batch (deterministic mode) keeps every row's arithmetic independent of the other rows: decode
+runs `max_batch` rows, the prefill's lm_head runs on one row per group (a matmul's rows can differ
+bitwise with its row count), and each decode row picks its sampler by its own parameters.
 """
 
 from __future__ import annotations
@@ -62,13 +67,23 @@ class ModelRunner:
         if not fresh:
             return [], torch.empty(0, dtype=torch.int64), torch.empty(0)
         seqs = [s for g in fresh for s in g.seqs]
-        rows = torch.tensor([last_rows[i] for i, g in enumerate(fresh) for _ in g.seqs], device=self.device)
-        logits = self.model.compute_logits(hidden[rows], fp32=False)  # [num_samples, vocab]; one row per sample
-        if self.fused_sampling and not self.needs_truncation(seqs):
-            batch = self.prepare_sampling(seqs)
-            return seqs, *self._to_host(sample_fused(logits, batch.temperatures, batch.seeds, batch.steps), len(seqs))
-        tokens, logprobs = sample(logits.float(), self.prepare_sampling(seqs))
+        logits = self.prefill_logits(hidden, fresh, last_rows)  # [num_samples, vocab]
+        batch = self.prepare_sampling(seqs)
+        if self.fused_sampling and not batch.needs_truncation:
+            sampled = sample_fused(logits, batch.temperatures, batch.seeds, batch.steps, batch.forced)
+            return seqs, *self._to_host(sampled, len(seqs))
+        tokens, logprobs = sample(logits.float(), batch)
         return seqs, tokens.cpu(), logprobs.cpu()
+
+    def prefill_logits(self, hidden: torch.Tensor, fresh: list[SequenceGroup], last_rows: list[int]) -> torch.Tensor:
+        """-> [num_samples, vocab] in the model dtype: each fresh group's last-row logits, once per
+        sample. fixed_batch: the lm_head sees one row per group, then the row is repeated, so a
+        sample's first logprob does not depend on n (scoring a subset of a group's samples)."""
+        per_sample = [i for i, g in enumerate(fresh) for _ in g.seqs]
+        if not self.fixed_batch:
+            return self.model.compute_logits(hidden[self._long([last_rows[i] for i in per_sample])], fp32=False)
+        logits = self.model.compute_logits(hidden[self._long(last_rows)], fp32=False)  # [num_groups, vocab]
+        return logits[self._long(per_sample)]
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,8 +97,23 @@ class ModelRunner:
             logits, sampled = self.decode_step(size, None if self.fixed_batch else self.buffers.width)
         if sampled is not None and not self.needs_truncation(seqs):
             return self._to_host(sampled, n)
+        if sampled is not None and self.fixed_batch:
+            return self._sample_truncated_rows(logits, sampled, seqs)
         tokens, logprobs = sample(logits[:n].float(), self.prepare_sampling(seqs))
         return tokens.cpu(), logprobs.cpu()
+
+    def _sample_truncated_rows(
+        self, logits: torch.Tensor, sampled: torch.Tensor, seqs: list[Sequence]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """fixed_batch with the fused sampler: rows with top-k / top-p take `sampler.sample`, the others
+        keep the fused result, so a row's sampler (and its logprob's last ulp) never depends on what
+        else runs. logits: [size, vocab]; sampled: [2, size]."""
+        tokens, logprobs = self._to_host(sampled, len(seqs))
+        rows = [i for i, s in enumerate(seqs) if self.needs_truncation([s])]
+        picked = [seqs[i] for i in rows]
+        row_tokens, row_logprobs = sample(logits[self._long(rows)].float(), self.prepare_sampling(picked))
+        tokens[rows], logprobs[rows] = row_tokens.cpu(), row_logprobs.cpu()
+        return tokens, logprobs
 
     def decode_step(self, size: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The decode of `size` staged rows (what a graph captures) -> (logits [size, vocab] in the
@@ -97,7 +127,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden, fp32=False)  # [size, vocab]
         if not self.fused_sampling:
             return logits, None
-        return logits, sample_fused(logits, v["temperatures"], v["seeds"], v["steps"])
+        return logits, sample_fused(logits, v["temperatures"], v["seeds"], v["steps"], v["forced"])
 
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]
@@ -138,6 +168,7 @@ class ModelRunner:
             seeds=self._long([s.seed for s in seqs]),
             steps=self._long([s.num_outputs for s in seqs]),
             needs_truncation=any(k < self.vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps),
+            forced=self._long([s.forced_token for s in seqs]),
         )
 
     def _long(self, values: list) -> torch.Tensor:

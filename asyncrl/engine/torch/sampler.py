@@ -5,6 +5,8 @@
   token that crosses p), then Gumbel-max with counter-based noise (`asyncrl.engine.torch.rng`).
   logprob = log_softmax(logits / T) over the full vocabulary, without the truncation: the same
   definition as SGLang (docs/sglang.md, "Logprobs"), computed in fp32.
+* Forced rows (scoring, `forced >= 0`) take the given token instead of the sampled one; its logprob
+  is read from the same log_softmax, so a forced row scores a token exactly as sampling it did.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class SamplingBatch:
     seeds: torch.Tensor  # [batch] int64
     steps: torch.Tensor  # [batch] int64: index of the token being sampled within its response
     needs_truncation: bool  # some row has top_p < 1 or top_k < vocab
+    forced: torch.Tensor | None = None  # [batch] int64: the token to take instead of sampling; -1 = sample
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,6 +39,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
     noise = rng.gumbel(batch.seeds, batch.steps, logits.shape[-1])  # [batch, vocab]
     sampled = (masked + noise).argmax(dim=-1)
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)  # [batch]
+    if batch.forced is not None:
+        tokens = torch.where(batch.forced >= 0, batch.forced, tokens)
     logprobs = logprobs_all.gather(-1, tokens[:, None])[:, 0]
     return tokens, logprobs
 

@@ -3,7 +3,8 @@
 
 A sequence's tokens are prompt + output. During decode its KV cache holds every token but the
 last one (the last sampled token is the next decode input). Per output token it keeps the
-sampling logprob and the weight version that produced it.
+sampling logprob and the weight version that produced it. A forced sequence (scoring) takes its
+tokens from `forced_token_ids` instead of sampling them, through the same prefill / decode / sampler.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ class SequenceStatus(enum.Enum):
 
 class Sequence:
     def __init__(
-        self, request_id: str, sample_index: int, prompt: list[int], sampling: SamplingParams, seed: int, arrival: float
+        self, request_id: str, sample_index: int, prompt: list[int], sampling: SamplingParams, seed: int,
+        arrival: float, forced_token_ids: list[int] | None = None,
     ) -> None:
         self.request_id, self.sample_index = request_id, sample_index
         self.prompt_token_ids = prompt  # shared by the n samples; never mutated
         self.sampling, self.seed = sampling, seed
+        self.forced_token_ids = forced_token_ids  # [response_len]: the tokens to take (scoring); None: sample
         self.output_token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
@@ -53,6 +56,15 @@ class Sequence:
     @property
     def last_token(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def forced_token(self) -> int:
+        """The token the next step must take, or -1: sample (the samplers' per-row convention)."""
+        return -1 if self.forced_token_ids is None else self.forced_token_ids[self.num_outputs]
+
+    @property
+    def forced_done(self) -> bool:
+        return self.forced_token_ids is not None and self.num_outputs >= len(self.forced_token_ids)
 
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

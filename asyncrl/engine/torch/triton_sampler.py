@@ -4,6 +4,10 @@ Computes exactly what `asyncrl.engine.torch.sampler.sample` does without truncat
 Gumbel-max with the counter-based noise of `asyncrl.engine.torch.rng`, full-vocabulary logprob), but reads
 the bf16 logits once instead of materialising [batch, vocab] fp32 logits, noise and log-softmax.
 It needs no host sync and no generator state, so it runs inside the decode CUDA graph.
+
+A forced row (scoring: `forced[row] >= 0`) returns the forced token and its logprob, taken from the
+same scaled logits and the same run_max / run_sum normaliser as a sampled token's; the sampled rows'
+arithmetic is untouched, so a forced token scores bitwise as sampling it did.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ if HAS_TRITON:
         return x ^ (x >> 16)
 
     @triton.jit
-    def _sample_kernel(logits_ptr, stride_l, temp_ptr, seed_ptr, step_ptr, out_ptr, vocab,
+    def _sample_kernel(logits_ptr, stride_l, temp_ptr, seed_ptr, step_ptr, forced_ptr, out_ptr, vocab,
                        GOLDEN: tl.constexpr, BLOCK_V: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         temp = tl.load(temp_ptr + row)
@@ -34,6 +38,7 @@ if HAS_TRITON:
         temp = tl.where(greedy, 1.0, temp)
         seed = tl.load(seed_ptr + row)
         step = tl.load(step_ptr + row)
+        forced = tl.load(forced_ptr + row)  # int64; -1: sample
         lo = (seed & 0xFFFFFFFF).to(tl.uint32)
         hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
         golden = tl.full([], GOLDEN, tl.uint32)
@@ -42,6 +47,7 @@ if HAS_TRITON:
         best = tl.full([], float("-inf"), tl.float32)
         best_idx = tl.full([], 0, tl.int32)
         best_scaled = tl.full([], 0.0, tl.float32)
+        forced_scaled = tl.full([], float("-inf"), tl.float32)
         run_max = tl.full([], float("-inf"), tl.float32)
         run_sum = tl.full([], 0.0, tl.float32)
         for start in range(0, vocab, BLOCK_V):
@@ -60,25 +66,32 @@ if HAS_TRITON:
             best_idx = tl.where(better, chunk_idx, best_idx)
             best_scaled = tl.where(better, chunk_scaled, best_scaled)
             best = tl.where(better, chunk_best, best)
+            forced_scaled = tl.maximum(forced_scaled, tl.max(tl.where(cols == forced, scaled, float("-inf")), axis=0))
             new_max = tl.maximum(run_max, tl.max(scaled, axis=0))
             run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(scaled - new_max), axis=0)
             run_max = new_max
-        tl.store(out_ptr + row, best_idx.to(tl.float64))
-        logprob = best_scaled - run_max - tl.log(run_sum)
+        is_forced = forced >= 0
+        token = tl.where(is_forced, forced, best_idx.to(tl.int64))
+        tl.store(out_ptr + row, token.to(tl.float64))
+        logprob = tl.where(is_forced, forced_scaled, best_scaled) - run_max - tl.log(run_sum)
         tl.store(out_ptr + tl.num_programs(0) + row, logprob.to(tl.float64))
 
 
 def sample_fused(
-    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
+    logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+    forced: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """logits: [batch, vocab] (any float dtype, last dim contiguous); temperatures [batch] fp32
-    (0 = greedy); seeds, steps [batch] int64. -> [2, batch] float64: row 0 the tokens, row 1 their
-    logprobs (one tensor, so the host reads both with a single copy)."""
+    (0 = greedy); seeds, steps [batch] int64; forced [batch] int64 in [0, vocab) or -1 = sample (None:
+    sample every row). -> [2, batch] float64: row 0 the tokens, row 1 their logprobs (one tensor, so
+    the host reads both with a single copy)."""
     batch, vocab = logits.shape
     assert logits.stride(1) == 1
+    if forced is None:
+        forced = torch.full_like(steps, -1)
     out = torch.empty((2, batch), dtype=torch.float64, device=logits.device)
     _sample_kernel[(batch,)](
-        logits, logits.stride(0), temperatures, seeds, steps, out, vocab,
+        logits, logits.stride(0), temperatures, seeds, steps, forced, out, vocab,
         GOLDEN=rng._GOLDEN, BLOCK_V=2048, num_warps=8,
     )
     return out
