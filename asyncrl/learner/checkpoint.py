@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from asyncrl.durable import fsync_dir, write_synced
+from asyncrl.durable import PacedFile, fsync_dir, write_synced
 from asyncrl.learner import fsdp
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -261,10 +261,9 @@ def _tuples(x: Any) -> Any:
 
 
 def _write(path: Path, obj: Any) -> None:
-    with open(path, "wb") as f:
+    """torch.save, its bytes paced to disk as they are written (durable.PacedFile) and fsynced at the end."""
+    with PacedFile(path) as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
