@@ -33,6 +33,26 @@ def learner_logprobs(hf, prompt: list[list[int]], outs, temperature: float, chun
     return torch.cat(rows)
 
 
+def trained_case(args: argparse.Namespace) -> tuple[torch.nn.Module, list[list[int]], int]:
+    """(HF model on the GPU in --dtype, its task's prompts as token ids, max length) for --model."""
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncrl.config.model import ModelConfig, resolve_model_path
+    from asyncrl.task.arithmetic import make_problem
+
+    path = resolve_model_path(ModelConfig(path=args.model))
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).cuda().eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    rng = random.Random(5)
+    batch = [tok(make_problem(rng, 2, "+-").text)["input_ids"] for _ in range(args.prompts)]
+    width = max(len(p) for p in batch)  # left-pad with the first token so every prompt has one length
+    batch = [[p[0]] * (width - len(p)) + p for p in batch]
+    positions = hf.config.max_position_embeddings
+    return hf, batch, min(width + args.output_len + 16, positions)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="0.5b")
@@ -43,12 +63,18 @@ def main() -> None:
     parser.add_argument("--init-std", type=float, default=0.02, help="initializer_range of the random model")
     parser.add_argument("--deterministic", action="store_true", help="engine in deterministic mode")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--model", default="",
+                        help='a trained model instead of a random one ("embedded": the embedded arithmetic model, '
+                             "prompted with its task's problems; responses run to --output-len or EOS)")
     args = parser.parse_args()
     require_cuda("bench.logprob_agreement")
-    max_len = args.prompt_len + args.output_len + 16
-    hf = build_hf(args.shape, max_len, init_std=args.init_std, dtype=getattr(torch, args.dtype))
+    if args.model:
+        hf, batch_prompts, max_len = trained_case(args)
+    else:
+        max_len = args.prompt_len + args.output_len + 16
+        hf = build_hf(args.shape, max_len, init_std=args.init_std, dtype=getattr(torch, args.dtype))
+        batch_prompts = prompts(args.prompts, args.prompt_len, seed=5)
     eng = make_engine(hf, args.prompts, max_len, deterministic=args.deterministic)
-    batch_prompts = prompts(args.prompts, args.prompt_len, seed=5)
     _, outs, _ = run_engine(eng, batch_prompts, args.output_len, temperature=args.temperature)
     outs.sort(key=lambda o: int(o.request_id[1:]))
     eng.close()
