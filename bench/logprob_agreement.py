@@ -82,9 +82,9 @@ def main() -> None:
     ours = torch.tensor([o.logprobs.tolist() for o in outs], device="cuda")
     delta = (ours - ref).abs()
     print(json.dumps({
-        "bench": "logprob_agreement", "shape": args.shape, "tokens": delta.numel(), "prompts": args.prompts,
-        "prompt_len": args.prompt_len, "output_len": args.output_len, "temperature": args.temperature,
-        "init_std": args.init_std, "deterministic": args.deterministic, "dtype": args.dtype,
+        "bench": "logprob_agreement", "model": args.model or f"random {args.shape}", "tokens": delta.numel(),
+        "prompts": args.prompts, "prompt_len": len(batch_prompts[0]), "output_len": args.output_len,
+        "temperature": args.temperature, "init_std": None if args.model else args.init_std, "deterministic": args.deterministic, "dtype": args.dtype,
         "mean_abs_delta": delta.mean().item(), "max_abs_delta": delta.max().item(),
         "p99_abs_delta": delta.flatten().float().quantile(0.99).item() if delta.numel() < 2**24 else None,
         "mean_logprob": ref.mean().item(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
