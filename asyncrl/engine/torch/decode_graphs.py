@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from asyncrl.engine.torch.sequence import Sequence
@@ -41,31 +42,51 @@ class DecodeBuffers:
             self.h_ints[row] = value
         self.ints, self.temps, self.tables = (t.to(device) for t in (self.h_ints, self.h_temps, self.h_tables))
         self.scratch_block, self.width = scratch_block, max_blocks
+        self._written: list[tuple[list[int], int]] = []  # per host row: (the table list written there, its length)
 
     def stage(self, seqs: list[Sequence], size: int) -> None:
-        """Write the rows of `seqs` (then padding up to `size`) and copy them to the device."""
+        """Write the rows of `seqs` (then padding up to `size`) and copy them to the device. Host time here
+        is on the decode step's critical path (the GPU waits for it), so the per-row values are read in one
+        pass and written as arrays, and a row's block table is rewritten only where it changed."""
         n, ints, bs = len(seqs), self.h_ints.numpy(), self.block_size
-        positions = [s.num_tokens - 1 for s in seqs]
-        ints[_IDS, :n] = [s.last_token for s in seqs]
-        ints[_POS, :n] = positions
-        ints[_SLOT, :n] = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions, strict=True)]
-        ints[_CTX, :n] = [p + 1 for p in positions]
-        ints[_SEED, :n] = [s.seed for s in seqs]
-        ints[_STEP, :n] = [s.num_outputs for s in seqs]
-        ints[_FORCED, :n] = [s.forced_token for s in seqs]
+        width = self._write_tables(seqs)
+        if n:
+            rows = np.array([(s.last_token, s.num_tokens - 1, s.seed, s.num_outputs, s.forced_token) for s in seqs],
+                            dtype=np.int64)  # [n, 5]
+            pos = rows[:, 1]
+            ints[_IDS, :n] = rows[:, 0]
+            ints[_POS, :n] = pos
+            ints[_SLOT, :n] = self.h_tables.numpy()[np.arange(n), pos // bs] * bs + pos % bs
+            ints[_CTX, :n] = pos + 1
+            ints[_SEED, :n], ints[_STEP, :n], ints[_FORCED, :n] = rows[:, 2], rows[:, 3], rows[:, 4]
         for row, value in self.pad.items():
             ints[row, n:size] = value
         self.h_temps.numpy()[:n] = [s.sampling.temperature for s in seqs]
-        tables = self.h_tables.numpy()
-        width = 1
-        for i, seq in enumerate(seqs):
-            tables[i, : len(seq.block_table)] = seq.block_table
-            width = max(width, len(seq.block_table))
-        tables[n:size, 0] = self.scratch_block
+        self.h_tables.numpy()[n:size, 0] = self.scratch_block
+        del self._written[n:]  # rows past n now hold padding: write them in full when a sequence lands there
         self.ints[:, :size].copy_(self.h_ints[:, :size], non_blocking=True)
         self.temps[:size].copy_(self.h_temps[:size], non_blocking=True)
         self.tables[:size, :width].copy_(self.h_tables[:size, :width], non_blocking=True)
         self.width = width
+
+    def _write_tables(self, seqs: list[Sequence]) -> int:
+        """Block tables into the host rows; -> the widest. A row that holds the same table list as last step
+        gets only its new blocks (tables grow by appending; a freed or reallocated sequence gets a new list)."""
+        tables, written, width = self.h_tables.numpy(), self._written, 1
+        for i, seq in enumerate(seqs):
+            table, length = seq.block_table, len(seq.block_table)
+            before = written[i] if i < len(written) else None
+            if before is not None and before[0] is table:
+                if before[1] != length:
+                    tables[i, before[1]:length] = table[before[1]:]
+            else:
+                tables[i, :length] = table
+            if i < len(written):
+                written[i] = (table, length)
+            else:
+                written.append((table, length))
+            width = max(width, length)
+        return width
 
     def views(self, size: int, width: int | None = None) -> dict[str, torch.Tensor]:
         """Rows [:size]; block tables cut to `width` columns (the torch attention gathers every

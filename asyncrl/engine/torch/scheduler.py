@@ -60,14 +60,17 @@ class Scheduler:
 
     def schedule_decode(self) -> list[Sequence]:
         """Running sequences whose next KV slot is now allocated (preempting the newest if needed)."""
-        while self.running and self._blocks_short():
+        needing = self._needing_blocks()
+        while needing and len(needing) > self.blocks.num_free:
             self._preempt(self.running.pop())
-        for seq in self.running:
+            needing = self._needing_blocks()
+        for seq in needing:
             self.blocks.append_slot(seq)
         return list(self.running)
 
-    def _blocks_short(self) -> bool:
-        return sum(self.blocks.needs_block(s) for s in self.running) > self.blocks.num_free
+    def _needing_blocks(self) -> list[Sequence]:
+        needs = self.blocks.needs_block
+        return [s for s in self.running if needs(s)]
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free_seq(seq)
