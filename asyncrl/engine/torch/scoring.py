@@ -20,21 +20,34 @@ give the cache room for max_running sequences. The engine's counters count scori
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from asyncrl.engine.torch.block_manager import blocks_for
+from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.forced_group import ForcedGroup
+from asyncrl.engine.torch.model.config import ArchConfig
+from asyncrl.engine.torch.scheduler import Scheduler
 from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 
-if TYPE_CHECKING:
-    from asyncrl.engine.torch.engine import TorchEngine
+
+class _Engine(Protocol):
+    """What scoring uses of `TorchEngine` (named here so this module does not import the engine, which
+    imports it)."""
+
+    scheduler: Scheduler
+    blocks: BlockManager
+    arch: ArchConfig
+    max_running: int
+    max_model_len: int
+
+    def step(self) -> list: ...
+
 
 _UNUSED_SEED = 0  # a forced row draws noise like any row, but never uses it
 
 
-def score_forced(engine: TorchEngine, groups: list[ForcedGroup]) -> list[list[np.ndarray]]:
+def score_forced(engine: _Engine, groups: list[ForcedGroup]) -> list[list[np.ndarray]]:
     """-> [group][sample] -> [response_len] float32, in input order. The engine must be idle
     (`TorchEngine.score` checks); it is idle again afterwards, its KV blocks freed, also on error."""
     for index, group in enumerate(groups):
@@ -51,7 +64,7 @@ def score_forced(engine: TorchEngine, groups: list[ForcedGroup]) -> list[list[np
     return [[_logprobs(seq) for seq in seq_group.seqs] for seq_group in seq_groups]
 
 
-def check(engine: TorchEngine, group: ForcedGroup, index: int) -> None:
+def check(engine: _Engine, group: ForcedGroup, index: int) -> None:
     """Reject what the engine could not score as it generates: too many samples, ids outside the
     vocabulary, a prompt + response longer than max_model_len or than the KV cache."""
     where = f"score: group {index}"
