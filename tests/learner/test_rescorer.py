@@ -4,6 +4,7 @@ with the Rescorer as the source of proximal logprobs, give behaviour == proximal
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 from learner_helpers import make_batch
 
 from asyncrl import records
@@ -72,3 +73,31 @@ def test_without_the_rescorer_the_learner_forward_differs(tiny_model):
     trainer = Trainer(LearnerConfig(**{**CFG, "mini_batches": 2}), str(tiny_model), device="cpu")  # a real old pass
     m = trainer.train_step(batch)
     assert 0.0 < m["behav_prox_logp_absdiff"] < 1e-4
+
+
+def _rank(rank: int, world: int, store: str, model: str, batch_file: str, out_dir: str) -> None:
+    """One gloo rank with its own Rescorer: the full_tensor() collectives of the weight load, each rank
+    scoring its own samples."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
+    try:
+        batch = torch.load(batch_file, weights_only=False)
+        rescorer = Rescorer(model, device=torch.device("cpu"), dtype="float32", max_running=MAX_RUNNING, max_tokens=64)
+        trainer = Trainer(LearnerConfig(**CFG), model, device="cpu", rescorer=rescorer)
+        metrics = [trainer.train_step(batch), trainer.train_step(batch)]
+        torch.save(metrics, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_each_rescore_their_samples_bitwise(tiny_model, tmp_path):
+    batch = generated_batch(str(tiny_model), "cpu", "float32")
+    torch.save(batch, tmp_path / "batch.pt")
+    mp.spawn(_rank, args=(2, f"file://{tmp_path / 'store'}", str(tiny_model), str(tmp_path / "batch.pt"), str(tmp_path)),
+             nprocs=2, join=True)
+    for rank in range(2):
+        first, second = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert first["behav_prox_logp_absdiff"] == 0.0 and first["is_weight_mean"] == 1.0, (rank, first)
+        assert second["behav_prox_logp_absdiff"] > 0.0
