@@ -16,9 +16,9 @@ GEMMs saved.
 
 from __future__ import annotations
 
-from torch import Tensor, nn
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
 
 
 def mergeable(*layers: nn.Module) -> bool:

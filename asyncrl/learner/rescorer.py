@@ -4,11 +4,12 @@ With `generator.deterministic = true` the torch engine is batch-invariant (each 
 decode step runs max_running rows), so a sample's logprobs depend only on its tokens and the weights. The
 learner's own forward (packed micro-batches, other GEMM shapes, bf16 roundings in other places) cannot give
 those bits. So the old-logprob pass asks a `TorchEngine` of its own instead: built with the generator's
-settings (model, dtype, max_running, deterministic; on CPU the generators' thread count), loaded with exactly what the weight push sends (the
-fp32 masters cast to the compute dtype), and fed each response's tokens instead of sampling them
-(`TorchEngine.score`). For every token generated on the learner's current weights (all tokens of the first
-step; all tokens when training is synchronous) the proximal logprob then equals the behaviour logprob bit
-for bit: the decoupled importance weight is exactly 1 and `behav_prox_logp_absdiff` exactly 0.
+settings (model, dtype, max_running, deterministic; on CPU the generators' thread count), loaded with exactly
+what the weight push sends (the fp32 masters cast to the compute dtype), and fed each response's tokens
+instead of sampling them (`TorchEngine.score`). For every token generated on the learner's current weights
+(all tokens of the first step; all tokens when training is synchronous) the proximal logprob then equals the
+behaviour logprob bit for bit: the decoupled importance weight is exactly 1 and `behav_prox_logp_absdiff`
+exactly 0.
 
 Cost: scoring runs the engine's decode loop over every response, about what generating them took, on the
 learner's device, plus the engine's weights and KV cache (sized here for max_running sequences of the
