@@ -111,7 +111,7 @@ class ComputeCopy:
         sharded = dist.is_available() and dist.is_initialized()
         self.enabled = sharded and dist.get_world_size() == 1
         # name -> the fp32 master's local tensor (the whole tensor on one rank; updated in place by the optimizer)
-        self.masters = {name: _local(p).detach() for name, p in model.named_parameters()} if self.enabled else {}
+        self.masters = {name: local_tensor(p).detach() for name, p in model.named_parameters()} if self.enabled else {}
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -125,7 +125,8 @@ class ComputeCopy:
         torch._foreach_copy_(dst, src)
 
 
-def _local(t: Tensor) -> Tensor:
+def local_tensor(t: Tensor) -> Tensor:
+    """This rank's shard of a DTensor (FSDP2 parameter or gradient); a plain tensor as it is."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 

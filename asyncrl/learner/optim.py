@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from asyncrl.learner import fsdp
 from asyncrl.learner.config import LearnerConfig
 
 
@@ -49,7 +50,7 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Ten
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    local = [fsdp.local_tensor(g) for g in grads]
     norms = torch._foreach_norm(local, 2.0)  # 0-d each
     total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
     mesh = getattr(grads[0], "device_mesh", None)
