@@ -67,14 +67,24 @@ def decode_attention(
     assert meta.block_tables is not None and meta.context_lens is not None
     if triton_ops.enabled(q):
         return triton_ops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
-    batch, max_blocks = meta.block_tables.shape
+    return decode_attention_torch(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+
+
+def decode_attention_torch(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """The portable path (and the tests' reference for the Triton kernels): gathers every column of
+    the block tables and masks past each context. q: [batch, num_heads, head_dim];
+    block_tables: [batch, max_blocks]; context_lens: [batch] -> [batch, num_heads, head_dim]."""
+    batch, max_blocks = block_tables.shape
     block_size, num_kv_heads, head_dim = k_cache.shape[1:]
     ctx = max_blocks * block_size
     # [batch, num_kv_heads, ctx, head_dim]
-    k = k_cache[meta.block_tables].view(batch, ctx, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache[meta.block_tables].view(batch, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    k = k_cache[block_tables].view(batch, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache[block_tables].view(batch, ctx, num_kv_heads, head_dim).transpose(1, 2)
     positions = torch.arange(ctx, device=q.device)
-    mask = positions[None, :] < meta.context_lens[:, None]  # [batch, ctx], True = attend
+    mask = positions[None, :] < context_lens[:, None]  # [batch, ctx], True = attend
     out = F.scaled_dot_product_attention(
         q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
     )  # [batch, num_heads, 1, head_dim]

@@ -1,5 +1,6 @@
 """Triton kernels of the decoder on GPU: fused residual-add + RMSNorm, SiLU-and-multiply, rotary +
-KV-cache store, and decode attention over the paged KV cache.
+KV-cache store, and decode attention over the paged KV cache (in one pass, or split over the context
+and combined: `decode_attention` picks).
 
 Each kernel reproduces the rounding of the Hugging Face eager code it replaces (bf16 results of the
 same fp32 math), so engine logprobs stay close to a learner's forward pass; they only save launches
@@ -26,6 +27,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 def enabled(t: torch.Tensor) -> bool:
     return HAS_TRITON and (t.is_cuda or _INTERPRET) and t.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+_BLOCK_N = 64  # decode attention: tokens per tile
+SPLIT_CHUNK = 128  # decode attention: tokens per partial of the split kernel (a multiple of _BLOCK_N)
+_SPLIT_PROGRAMS = 4096  # split decode attention: launch at most ~this many programs; more chunks loop
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -100,25 +106,16 @@ if HAS_TRITON:
             tl.store(k_out + n * KV * D + offs_h[:, None] * D + offs_d[None, :], k, mask=kmask[:, None])
 
     @triton.jit
-    def _decode_attention_kernel(q_ptr, k_cache, v_cache, bt_ptr, ctx_ptr, out_ptr, stride_bt, scale,
-                                 KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-        b = tl.program_id(0).to(tl.int64)
-        kvh = tl.program_id(1)
-        ctx = tl.load(ctx_ptr + b).to(tl.int32)
-        offs_h = tl.arange(0, BLOCK_H)
+    def _attend_tiles(q, k_cache, v_cache, bt_row, kvh, start, end, ctx, m, l, acc, scale,
+                      KV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      IEEE: tl.constexpr):
+        """Online softmax of q [BLOCK_H, D] over tokens [start, end) of one sequence, in tiles of
+        BLOCK_N from `start`; folds them into the running (m [BLOCK_H], l [BLOCK_H], acc [BLOCK_H, D])."""
         offs_d = tl.arange(0, D)
-        hmask = offs_h < GROUP
-        heads = kvh * GROUP + offs_h
-        q_rows = q_ptr + b * (KV * GROUP * D) + heads[:, None] * D + offs_d[None, :]
-        q = tl.load(q_rows, mask=hmask[:, None], other=0.0)
-        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, D], tl.float32)
-        for start in range(0, ctx, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
+        for tile in range(start, end, BLOCK_N):
+            offs_n = tile + tl.arange(0, BLOCK_N)
             nmask = offs_n < ctx
-            page = tl.load(bt_ptr + b * stride_bt + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
+            page = tl.load(bt_row + offs_n // PAGE, mask=nmask, other=0).to(tl.int64)
             base = (page * PAGE + offs_n % PAGE) * (KV * D) + kvh * D
             k = tl.load(k_cache + base[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
             if IEEE:
@@ -137,9 +134,96 @@ if HAS_TRITON:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m = m_new
-        out = acc / l[:, None]
-        o_rows = out_ptr + b * (KV * GROUP * D) + heads[:, None] * D + offs_d[None, :]
-        tl.store(o_rows, out.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
+        return m, l, acc
+
+    @triton.jit
+    def _load_q(q_ptr, b, kvh, KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr):
+        offs_h = tl.arange(0, BLOCK_H)
+        heads = kvh * GROUP + offs_h
+        rows = q_ptr + b * (KV * GROUP * D) + heads[:, None] * D + tl.arange(0, D)[None, :]
+        return tl.load(rows, mask=(offs_h < GROUP)[:, None], other=0.0)  # [BLOCK_H, D]
+
+    @triton.jit
+    def _store_out(out_ptr, out, b, kvh, KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                   BLOCK_H: tl.constexpr):
+        offs_h = tl.arange(0, BLOCK_H)
+        heads = kvh * GROUP + offs_h
+        rows = out_ptr + b * (KV * GROUP * D) + heads[:, None] * D + tl.arange(0, D)[None, :]
+        tl.store(rows, out.to(out_ptr.dtype.element_ty), mask=(offs_h < GROUP)[:, None])
+
+    @triton.jit
+    def _decode_attention_kernel(q_ptr, k_cache, v_cache, bt_ptr, ctx_ptr, out_ptr, stride_bt, scale,
+                                 KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+        """Grid (batch, kv_heads): one program walks its sequence's whole context."""
+        b = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1)
+        ctx = tl.load(ctx_ptr + b).to(tl.int32)
+        q = _load_q(q_ptr, b, kvh, KV, GROUP, D, BLOCK_H)
+        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, D], tl.float32)
+        m, l, acc = _attend_tiles(q, k_cache, v_cache, bt_ptr + b * stride_bt, kvh, 0, ctx, ctx, m, l, acc, scale,
+                                  KV, D, PAGE, BLOCK_N, IEEE)
+        _store_out(out_ptr, acc / l[:, None], b, kvh, KV, GROUP, D, BLOCK_H)
+
+    @triton.jit
+    def _decode_attention_split_kernel(q_ptr, k_cache, v_cache, bt_ptr, ctx_ptr, ml_ptr, acc_ptr, stride_bt, scale,
+                                       num_splits, KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                                       PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                                       CHUNK: tl.constexpr, IEEE: tl.constexpr):
+        """Grid (batch, kv_heads, programs): program p takes chunks p, p + programs, ... of its row's
+        context (none when p >= the row's chunk count) and writes each chunk's partial on its own."""
+        b = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1)
+        ctx = tl.load(ctx_ptr + b).to(tl.int32)
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, D)
+        hmask = offs_h < GROUP
+        q = _load_q(q_ptr, b, kvh, KV, GROUP, D, BLOCK_H)
+        for c in range(tl.program_id(2), (ctx + CHUNK - 1) // CHUNK, tl.num_programs(2)):
+            m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+            l = tl.zeros([BLOCK_H], tl.float32)
+            acc = tl.zeros([BLOCK_H, D], tl.float32)
+            start = c * CHUNK
+            m, l, acc = _attend_tiles(q, k_cache, v_cache, bt_ptr + b * stride_bt, kvh, start,
+                                      tl.minimum(start + CHUNK, ctx), ctx, m, l, acc, scale,
+                                      KV, D, PAGE, BLOCK_N, IEEE)
+            part = (b * KV + kvh) * num_splits + c
+            tl.store(ml_ptr + part * 2 * GROUP + offs_h, m, mask=hmask)
+            tl.store(ml_ptr + part * 2 * GROUP + GROUP + offs_h, l, mask=hmask)
+            tl.store(acc_ptr + (part * GROUP + offs_h)[:, None] * D + offs_d[None, :], acc, mask=hmask[:, None])
+
+    @triton.jit
+    def _load_partial(ml_ptr, acc_ptr, part, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Partial `part` (a flat (row, kv head, split) index) -> m [BLOCK_H], l [BLOCK_H], acc [BLOCK_H, D]."""
+        offs_h = tl.arange(0, BLOCK_H)
+        hmask = offs_h < GROUP
+        m = tl.load(ml_ptr + part * 2 * GROUP + offs_h, mask=hmask, other=0.0)
+        l = tl.load(ml_ptr + part * 2 * GROUP + GROUP + offs_h, mask=hmask, other=1.0)
+        acc = tl.load(acc_ptr + (part * GROUP + offs_h)[:, None] * D + tl.arange(0, D)[None, :],
+                      mask=hmask[:, None], other=0.0)
+        return m, l, acc
+
+    @triton.jit
+    def _decode_attention_combine_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, num_splits, KV: tl.constexpr,
+                                         GROUP: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                                         CHUNK: tl.constexpr):
+        """Grid (batch, kv_heads): folds the row's ceil(ctx / CHUNK) partials in chunk order."""
+        b = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1)
+        ctx = tl.load(ctx_ptr + b).to(tl.int32)
+        first = (b * KV + kvh) * num_splits
+        m, l, acc = _load_partial(ml_ptr, acc_ptr, first, GROUP, D, BLOCK_H)
+        for c in range(1, (ctx + CHUNK - 1) // CHUNK):  # one chunk: acc / l as the one-pass kernel has them
+            m_c, l_c, acc_c = _load_partial(ml_ptr, acc_ptr, first + c, GROUP, D, BLOCK_H)
+            m_new = tl.maximum(m, m_c)
+            alpha = tl.exp(m - m_new)
+            beta = tl.exp(m_c - m_new)
+            l = l * alpha + l_c * beta
+            acc = acc * alpha[:, None] + acc_c * beta[:, None]
+            m = m_new
+        _store_out(out_ptr, acc / l[:, None], b, kvh, KV, GROUP, D, BLOCK_H)
 
 
 def add_rmsnorm(
@@ -193,15 +277,78 @@ def decode_attention(
     context_lens: torch.Tensor, scale: float,
 ) -> torch.Tensor:
     """q: [batch, heads, d] contiguous; caches [num_blocks, page, kv_heads, d]; block_tables
-    [batch, max_blocks]; context_lens [batch] (>= 1). One program per (sequence, kv head), so a row's
-    result never depends on the other rows. -> [batch, heads, d]."""
+    [batch, max_blocks]; context_lens [batch] (>= 1) -> [batch, heads, d].
+
+    Split over the context when the table is wider than one chunk (max_blocks * page > SPLIT_CHUNK),
+    else one pass. The rule reads only the table's width, never the contexts or the batch size, so it
+    is fixed for a captured graph; and a row that fits in one chunk gets the same result either way,
+    so a row's result never depends on which path the rest of the batch chose."""
+    if block_tables.shape[1] * k_cache.shape[1] > SPLIT_CHUNK:
+        return decode_attention_split(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return decode_attention_single(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def decode_attention_single(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """`decode_attention` in one pass: one program per (sequence, kv head) walks the whole context
+    in tiles of _BLOCK_N tokens (online softmax, the GQA heads of a kv head in one tile)."""
     batch, heads, d = q.shape
     page, kv = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv
     out = torch.empty_like(q)
     _decode_attention_kernel[(batch, kv)](
         q, k_cache, v_cache, block_tables, context_lens, out, block_tables.stride(0), scale,
-        KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=64,
+        KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=_BLOCK_N,
         IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
     )
     return out
+
+
+def decode_attention_split(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, chunk: int = SPLIT_CHUNK,
+) -> torch.Tensor:
+    """`decode_attention` split over the context (flash-decoding), in two launches.
+
+    1. Partials, grid (batch, kv_heads, programs): a row's context is cut into chunks of `chunk`
+       tokens; each chunk's softmax over its own tokens (the one-pass kernel's tile loop, started
+       at the chunk) goes to fp32 scratch: ml [batch, kv, splits, 2, group] (max m, then sum l)
+       and the unnormalised acc [batch, kv, splits, group, d]. splits = ceil(max_blocks * page /
+       chunk) comes from the table's width, not from the contexts, so a captured graph is right
+       for any contexts it is replayed with; chunks at or past a row's context are not computed
+       and their scratch is never read.
+    2. Combine, grid (batch, kv_heads): folds the row's ceil(ctx / chunk) partials in chunk order
+       and writes acc / l in q's dtype.
+
+    The chunk has a fixed length rather than the row a fixed number of splits so that the chunk
+    borders, and with them every rounding, follow from the row's own context alone: not from the
+    batch size, the table width or the other rows (deterministic mode needs that). The programs
+    per row are capped (about _SPLIT_PROGRAMS in all, so that a wide table of short contexts does
+    not launch thousands of idle programs); a program then takes every programs-th chunk, which
+    changes who computes a chunk, not what it computes. The scratch comes from torch.empty here:
+    under capture, from the graphs' shared pool; 4 * (d + 2) bytes per (row, head, split)."""
+    assert chunk % _BLOCK_N == 0, f"chunk={chunk} must be a multiple of {_BLOCK_N}"
+    batch, heads, d = q.shape
+    page, kv = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv
+    splits = triton.cdiv(block_tables.shape[1] * page, chunk)
+    programs = min(splits, max(1, _SPLIT_PROGRAMS // (batch * kv)))
+    ml = torch.empty((batch, kv, splits, 2, group), dtype=torch.float32, device=q.device)
+    acc = torch.empty((batch, kv, splits, group, d), dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    _decode_attention_split_kernel[(batch, kv, programs)](
+        q, k_cache, v_cache, block_tables, context_lens, ml, acc, block_tables.stride(0), scale, splits,
+        KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=_BLOCK_N, CHUNK=chunk,
+        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+    )
+    _decode_attention_combine_kernel[(batch, kv)](
+        ml, acc, context_lens, out, splits, KV=kv, GROUP=group, D=d, BLOCK_H=_block_h(group), CHUNK=chunk,
+        num_warps=4,
+    )
+    return out
+
+
+def _block_h(group: int) -> int:
+    return max(16, triton.next_power_of_2(group))  # tl.dot needs >= 16 rows

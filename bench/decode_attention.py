@@ -1,0 +1,106 @@
+"""python -m bench.decode_attention [--batch 256] [--context 384] [--max-len 512] [--chunk 128] [--dtype bf16]
+
+GPU time of one layer's decode attention over the paged KV cache: the one-pass Triton kernel
+(`triton_ops.decode_attention_single`) against the split-context one (`decode_attention_split`), at the
+Qwen2-0.5B attention shape by default (14 query heads, 2 KV heads, head_dim 64, 16-token pages).
+
+Rows get contexts spread evenly over [context / 2, 3 * context / 2] (capped at --max-len), the mean
+being --context; block tables are a shuffled permutation of the cache's blocks and --max-len / page
+columns wide, as in the engine's captured graphs (the split kernel's launch grows with that width).
+Each kernel is captured `--calls` times in one CUDA graph (as the engine runs it; eager launches of
+these small kernels would time the host), replayed after a warm-up, and timed with CUDA events.
+
+Prints one JSON line: the shape, single_ms and split_ms per call, single_ms / split_ms, the KV
+bytes one call reads and the bandwidth that makes at split_ms, device, torch, triton, commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+import torch
+
+from bench.generation import commit
+
+
+def contexts(batch: int, mean: int, max_len: int) -> torch.Tensor:
+    lo, hi = max(1, mean // 2), min(max_len, mean + mean // 2)
+    return torch.linspace(lo, hi, batch).round().long()  # [batch]
+
+
+def graph_ms(fn: Callable[[], torch.Tensor], calls: int, replays: int) -> float:
+    """Milliseconds per call of `fn`, captured `calls` times in one graph and replayed `replays` times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and pick kernels outside the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (calls * replays)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--context", type=int, default=384, help="mean context length of the rows")
+    p.add_argument("--max-len", type=int, default=512, help="max model length: sets the block tables' width")
+    p.add_argument("--heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--page", type=int, default=16)
+    p.add_argument("--chunk", type=int, default=0, help="tokens per split (default: triton_ops.SPLIT_CHUNK)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    p.add_argument("--calls", type=int, default=50, help="calls captured in one graph")
+    p.add_argument("--replays", type=int, default=20)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.decode_attention times Triton kernels on a CUDA GPU: no CUDA device found")
+    from asyncrl.engine.torch import triton_ops
+
+    if not triton_ops.HAS_TRITON:
+        raise SystemExit("bench.decode_attention needs Triton (it ships with CUDA builds of torch): not importable")
+    import triton
+
+    torch.manual_seed(0)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    chunk = args.chunk or triton_ops.SPLIT_CHUNK
+    width = -(-args.max_len // args.page)
+    num_blocks = args.batch * width + 1
+    k_cache = torch.randn(num_blocks, args.page, args.kv_heads, args.head_dim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(num_blocks, device="cuda")[: args.batch * width].view(args.batch, width)
+    lens = contexts(args.batch, args.context, args.max_len).cuda()
+    q = torch.randn(args.batch, args.heads, args.head_dim, device="cuda", dtype=dtype)
+    scale = args.head_dim**-0.5
+    single = graph_ms(lambda: triton_ops.decode_attention_single(q, k_cache, v_cache, tables, lens, scale),
+                      args.calls, args.replays)
+    split = graph_ms(lambda: triton_ops.decode_attention_split(q, k_cache, v_cache, tables, lens, scale, chunk),
+                     args.calls, args.replays)
+    kv_bytes = int(lens.sum()) * 2 * args.kv_heads * args.head_dim * k_cache.element_size()
+    print(json.dumps({
+        "bench": "decode_attention", "batch": args.batch, "context_mean": round(lens.float().mean().item(), 1),
+        "context_min": int(lens.min()), "context_max": int(lens.max()), "max_len": args.max_len,
+        "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "page": args.page,
+        "chunk": chunk, "dtype": args.dtype, "single_ms": round(single, 5), "split_ms": round(split, 5),
+        "single_over_split": round(single / split, 3), "kv_mb": round(kv_bytes / 1e6, 2),
+        "split_gbps": round(kv_bytes / (split / 1e3) / 1e9, 1), "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__, "triton": triton.__version__, "commit": commit(),
+    }))
+
+
+if __name__ == "__main__":
+    main()
