@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -134,7 +135,9 @@ def aggregation_weights(seq_lens: Tensor, mode: str, total_tokens: float, total_
     mini-batch. seq_lens [s] response lengths of this micro-batch's sequences -> [sum(seq_lens)]:
       token_mean: 1 / total_tokens                  (DAPO: every token of the batch counts the same)
       seq_mean:   1 / (len_s * total_seqs)           (GRPO: mean per sequence, then over sequences)
-      constant:   1 / (constant * total_seqs)        (Dr.GRPO: constant = max response length)"""
+      constant:   1 / (constant * total_seqs)        (Dr.GRPO: constant = max response length)
+    On the host it repeats with numpy: torch's CPU repeat_interleave goes through its OpenMP pool, and between
+    GPU steps on a 16-core host (or on a busy machine) that took ~7 ms a call instead of ~0.1."""
     lens = seq_lens.to(torch.float32)
     if mode == "token_mean":
         per_seq = torch.full_like(lens, 1.0 / max(total_tokens, 1.0))
@@ -144,6 +147,8 @@ def aggregation_weights(seq_lens: Tensor, mode: str, total_tokens: float, total_
         per_seq = torch.full_like(lens, 1.0 / (constant * max(total_seqs, 1.0)))
     else:
         raise ValueError(f"loss_agg={mode!r}: allowed values are 'token_mean', 'seq_mean', 'constant'")
+    if per_seq.device.type == "cpu":  # prepare, on the host: numpy's repeat is single-threaded (see below)
+        return torch.from_numpy(np.repeat(per_seq.numpy(), seq_lens.numpy()))
     return torch.repeat_interleave(per_seq, seq_lens.long())
 
 

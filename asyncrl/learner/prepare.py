@@ -71,7 +71,13 @@ def prepare_batch(batch: records.Batch, cfg: LearnerConfig, rank: int, world_siz
 
 
 def check_finite(seqs: list[SeqRecord]) -> None:
-    """The hub fails samples with non-finite rewards or logprobs, so none may reach the loss."""
+    """The hub fails samples with non-finite rewards or logprobs, so none may reach the loss (one vectorised
+    check; the per-sample walk only runs to name the offender)."""
+    if not seqs:
+        return
+    rewards = np.array([s.reward for s in seqs], dtype=np.float64)
+    if np.isfinite(rewards).all() and np.isfinite(np.concatenate([s.behav_logp for s in seqs])).all():
+        return
     for s in seqs:
         assert np.isfinite(s.reward) and np.isfinite(s.behav_logp).all(), (
             f"sample {s.index} (group {s.group}) has a non-finite reward {s.reward} or behaviour logprob: "

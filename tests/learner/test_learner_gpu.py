@@ -28,7 +28,8 @@ def test_fsdp_nccl_bf16(tiny_model, tmp_path):
 
 def test_unsharded_bf16_logprobs_close_to_fp32(tiny_model):
     t16 = Trainer(LearnerConfig(), str(tiny_model), device="cuda:0", dtype="bfloat16")
-    t32 = Trainer(LearnerConfig(), str(tiny_model), device="cuda:0", dtype="float32")
+    t32 = Trainer(LearnerConfig(host_threads=3), str(tiny_model), device="cuda:0", dtype="float32")
+    assert torch.get_num_threads() == 3  # a GPU learner caps torch's host thread pool (LearnerConfig.host_threads)
     seqs, _ = flatten_batch(make_batch(seed=3, temperature=0.8))
     mb = build_micro_batch(seqs)
     to_device([mb], torch.device("cuda:0"))

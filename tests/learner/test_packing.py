@@ -88,7 +88,8 @@ def test_pack_spreads_tokens_evenly_over_the_fewest_bins():
 
     seqs, _ = flatten_batch(make_batch(seed=1, groups=8, n=8))
     budget = sum(s.num_input_tokens for s in seqs) // 2 - 1  # FFD: two full bins and a small third
-    ffd = _first_fit_decreasing(sorted(seqs, key=lambda s: (-s.num_input_tokens, s.index)), budget)
+    longest_first = sorted(seqs, key=lambda s: (-s.num_input_tokens, s.index))
+    ffd = _first_fit_decreasing(longest_first, [s.num_input_tokens for s in longest_first], budget)
     bins = pack_micro_batches(seqs, budget)
     assert len(bins) == len(ffd) == 3
     loads = [sum(s.num_input_tokens for s in b) for b in bins]

@@ -34,7 +34,8 @@ def test_other_algorithms_keep_plain_defaults():
 
 @pytest.mark.parametrize("kw, field", [({"dual_clip": 1.0}, "dual_clip"), ({"kl_clamp": -1.0}, "kl_clamp"),
                                        ({"clip_eps_high": 0.0}, "clip_eps_high"),
-                                       ({"overlong_buffer": -1}, "overlong_buffer")])
+                                       ({"overlong_buffer": -1}, "overlong_buffer"),
+                                       ({"host_threads": -1}, "host_threads")])
 def test_invalid_settings_name_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
         LearnerConfig(**kw)
@@ -73,3 +74,12 @@ def test_dapo_shaped_filter_keeps_the_length_penalty_as_signal():
     metrics, adv = _advantages("shaped")
     assert metrics["groups_kept"] == 2.0
     assert [a for g, a in adv if g == 0] == pytest.approx([0.5, 0.5, 0.5, -1.5], abs=1e-4)
+
+
+def test_host_threads_auto_caps_the_pool_and_an_explicit_value_wins():
+    import os
+
+    from asyncrl.learner.trainer import host_threads
+
+    assert host_threads(LearnerConfig()) == min(4, os.cpu_count() or 1)
+    assert host_threads(LearnerConfig(host_threads=7)) == 7
