@@ -110,20 +110,25 @@ if triton is not None:
         tl.store(ptr, d.to(logits_ptr.dtype.element_ty), mask=cols < V)
 
 
+# Tile and warps of both kernels, from a sweep on the H200 (fab375b, 32,768 x 151,936 bf16 logits): forward
+# 3.33 ms at 2048 / 4 warps against 3.63 ms at 4096 / 8 (~3 TB/s read); backward 5.11 against 5.21 ms.
+_BLOCK, _WARPS = 2048, 4
+
+
 def _triton_forward(logits: Tensor, targets: Tensor, inv_temp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     n, v = logits.shape
     logp, ent, lse = (torch.empty(n, device=logits.device, dtype=torch.float32) for _ in range(3))
     if n:
-        _forward_kernel[(n,)](logits, targets, inv_temp.float().contiguous(), logp, ent, lse, v, BLOCK=4096,
-                              num_warps=8)
+        _forward_kernel[(n,)](logits, targets, inv_temp.float().contiguous(), logp, ent, lse, v, BLOCK=_BLOCK,
+                              num_warps=_WARPS)
     return logp, ent, lse
 
 
 def _triton_backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tensor, grad: Tensor) -> Tensor:
     n, v = logits.shape
-    block = 4096
+    block = _BLOCK
     if n:
         _backward_kernel[(n, triton.cdiv(v, block))](
             logits, targets, inv_temp.float().contiguous(), lse.contiguous(), grad.float().contiguous(), v,
-            BLOCK=block, num_warps=8)
+            BLOCK=block, num_warps=_WARPS)
     return logits

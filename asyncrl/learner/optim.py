@@ -38,7 +38,8 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: LearnerConfig) -> torch.opt
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg))
 
 
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
+                   optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
     """Clip to max_norm (0: no clipping) and return the global pre-clip L2 norm as a 0-d device tensor (read
     with the step's other metrics: reading it here would stall the host until the backward drains).
 
@@ -46,7 +47,12 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Ten
     max_norm / (norm + 1e-6) capped at 1), computed on the local shards of FSDP2's DTensor gradients: every
     DTensor op re-plans its sharding on the host, and the step's optimizer phase was host-bound on that.
     FSDP2 shards each gradient on dim 0 without overlap, so the squared local norms sum to the global one
-    over the ranks."""
+    over the ranks.
+
+    With a fused `optimizer` (AdamW on GPU) the coefficient is not applied here: the optimizer gets
+    1 / coefficient as its `grad_scale`, the hook through which AMP's GradScaler unscales gradients, and divides
+    every gradient by it inside its one kernel. That saves a read and a write of all fp32 gradients (~1 ms a
+    step for 0.5B on an H200); the update differs from multiply-then-step by float rounding only."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
@@ -58,7 +64,17 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float) -> torch.Ten
         squared = total.square()
         torch.distributed.all_reduce(squared, group=mesh.get_group())
         total = squared.sqrt()
+    fused = optimizer is not None and _is_fused(optimizer)
+    if fused:
+        optimizer.grad_scale = None  # no stale scale from an earlier step
     if max_norm > 0:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        torch._foreach_mul_(local, coef.to(local[0].dtype))
+        if fused:
+            optimizer.grad_scale = 1.0 / coef  # read by the next step(): fused AdamW divides the gradients by it
+        else:
+            torch._foreach_mul_(local, coef.to(local[0].dtype))
     return total.detach()
+
+
+def _is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    return all(group.get("fused") for group in optimizer.param_groups)

@@ -212,7 +212,7 @@ class Trainer:
                 fsdp.accumulating(self.policy, last=i == len(mbs) - 1)
                 self._backward(mb, stats)
             with stage("optimizer"):
-                grad_norms.append(clip_grad_norm(self._trainable(), self.cfg.max_grad_norm))
+                grad_norms.append(clip_grad_norm(self._trainable(), self.cfg.max_grad_norm, self.optimizer))
                 self.optimizer.step()
                 self.compute_copy.refresh()
         return grad_norms
