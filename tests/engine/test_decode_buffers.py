@@ -3,7 +3,7 @@ rows change hands and a sequence gets a new table, every staged row still equals
 
 import torch
 
-from asyncrl.engine.torch.decode_graphs import _CTX, _FORCED, _IDS, _POS, _SLOT, DecodeBuffers
+from asyncrl.engine.torch.decode_graphs import DecodeBuffers
 from asyncrl.engine.torch.sequence import Sequence
 from asyncrl.records import SamplingParams
 
@@ -17,12 +17,14 @@ def seq(i: int, table: list[int], outputs: int) -> Sequence:
 
 
 def check(buf: DecodeBuffers, seqs: list[Sequence]) -> None:
+    """What the device buffers hold for each row equals a full write of it."""
+    v = buf.views(len(seqs), buf.width)
     for i, s in enumerate(seqs):
-        assert buf.h_tables[i, : len(s.block_table)].tolist() == s.block_table, i
+        assert v["block_tables"][i, : len(s.block_table)].tolist() == s.block_table, i
         p = s.num_tokens - 1
-        assert buf.h_ints[_POS, i] == p and buf.h_ints[_CTX, i] == p + 1 and buf.h_ints[_IDS, i] == s.last_token
-        assert buf.h_ints[_SLOT, i] == s.block_table[p // 4] * 4 + p % 4
-        assert buf.h_ints[_FORCED, i] == -1
+        assert v["positions"][i] == p and v["context_lens"][i] == p + 1 and v["input_ids"][i] == s.last_token
+        assert v["slot_mapping"][i] == s.block_table[p // 4] * 4 + p % 4
+        assert v["forced"][i] == -1 and v["steps"][i] == s.num_outputs
 
 
 def test_incremental_tables_equal_full_writes():
@@ -40,3 +42,38 @@ def test_incremental_tables_equal_full_writes():
     buf.stage([c, b], 2)  # a finished: rows change hands
     check(buf, [c, b])
     assert buf.width == 3
+
+
+def test_pinned_rows_alternate_and_tables_stay_full_writes():
+    """Two pinned staging buffers in turn (a step is staged while the previous one's copy may be pending);
+    tables grow, rows change hands, and every step's device rows still equal a full write."""
+    buf = DecodeBuffers(4, 8, scratch_block=0, block_size=4, device=torch.device("cpu"))
+    a, b = seq(0, [10], 0), seq(1, [20, 21], 3)
+    turns = []
+    for step in range(9):
+        rows = [a, b] if step % 4 else [b, a]
+        buf.stage(rows, 4)
+        turns.append(buf.turn)
+        check(buf, rows)
+        for s in (a, b):
+            s.append(9, -1.0, 0, 0.0)
+            if s.num_tokens > 4 * len(s.block_table):
+                s.block_table.append(30 + step)
+    assert turns == [0, 1] * 4 + [0]
+
+
+def test_stage_ahead_takes_input_ids_from_the_previous_samples():
+    """A step run one token ahead: position, slot, context and sampling step are one past the host's, and the
+    input ids come from the previous step's samples ([2, size] float64) at the staged source rows."""
+    buf = DecodeBuffers(4, 8, scratch_block=0, block_size=4, device=torch.device("cpu"))
+    a, b = seq(0, [10, 11], 3), seq(1, [20, 21], 4)  # 6 and 7 tokens: a's next slot is in block 11, b's too
+    prev = torch.tensor([[50.0, 61.0, 72.0, 0.0], [-0.5, -1.5, -2.5, 0.0]], dtype=torch.float64)
+    buf.stage([b, a], 2, src=[2, 0])
+    buf.gather_input_ids(prev[0], 2)
+    v = buf.views(2)
+    assert v["input_ids"].tolist() == [72, 50]
+    assert v["positions"].tolist() == [7, 6] and v["context_lens"].tolist() == [8, 7]
+    assert v["slot_mapping"].tolist() == [21 * 4 + 3, 11 * 4 + 2]
+    assert v["steps"].tolist() == [5, 4] and v["forced"].tolist() == [-1, -1]
+    buf.stage([a], 1)  # a step from the host's tokens again
+    assert buf.views(1)["input_ids"].tolist() == [a.last_token] and buf.views(1)["positions"].tolist() == [5]

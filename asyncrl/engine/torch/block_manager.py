@@ -73,12 +73,13 @@ class BlockManager:
 
     # ---------------------------------------------------------------- sequences (decode)
 
-    def needs_block(self, seq: Sequence) -> bool:
-        """Decode writes the KV of token `num_tokens - 1`; does its block exist yet?"""
-        return len(seq.block_table) * self.block_size < seq.num_tokens
+    def needs_block(self, seq: Sequence, ahead: int = 0) -> bool:
+        """Decode writes the KV of token `num_tokens - 1 + ahead` (ahead = 1: the sequence has a token in
+        flight, not yet appended, and the step runs one past it); does its block exist yet?"""
+        return len(seq.block_table) * self.block_size < seq.num_tokens + ahead
 
-    def append_slot(self, seq: Sequence) -> None:
-        if self.needs_block(seq):
+    def append_slot(self, seq: Sequence, ahead: int = 0) -> None:
+        if self.needs_block(seq, ahead):
             seq.block_table.append(self._take())
 
     def free_seq(self, seq: Sequence) -> None:

@@ -6,9 +6,18 @@ One thread (the generator service) drives it:
                                           ▲
     pause ▸ begin_weight_update ▸ load_weights* ▸ end_weight_update(v) ▸ resume   (between steps)
 
-Every sampled token is stamped with the weight version current when it was sampled. With
+Every sampled token is stamped with the weight version current when its step was launched. With
 pause('continue') in-flight sequences keep their KV cache and continue under the new weights.
 `score(groups)` runs given responses through the same steps with their tokens forced (`scoring`).
+
+Overlapped decode (`overlap`, on by default with CUDA graphs): a decode step is launched before the previous
+one's results are read, and its input tokens come from that step's samples on the device (`inflight` has the
+timeline), so step() returns a sample's output one call after its last token was sampled. Anything that needs
+the host state first drains the step in flight (reads and applies its results): a prefill (new or resumed
+groups waiting), blocks short for the next step (then schedule_decode preempts as usual), rows with top-k /
+top-p or forced tokens, and pause / abort / begin_weight_update / score / close. Tokens, logprobs, versions and
+finish reasons are those of the synchronous loop; a sequence that stops at a stop token has already been
+given a row in the next step, which is computed and discarded.
 """
 
 from __future__ import annotations
@@ -34,9 +43,10 @@ from asyncrl.engine.protocol import (
     PauseMode,
 )
 from asyncrl.engine.torch.forced_group import ForcedGroup
+from asyncrl.engine.torch.inflight import InflightStep, ResultBuffers
 from asyncrl.engine.torch.scheduler import Scheduler
 from asyncrl.engine.torch.scoring import score_forced
-from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
+from asyncrl.engine.torch.sequence import Sequence, SequenceGroup, SequenceStatus
 from asyncrl.records import FinishReason
 
 _SEED_MOD = 2**63
@@ -58,6 +68,7 @@ class TorchEngine:
         weight_version: int = 0,
         cuda_graphs: bool = True,
         deterministic: bool = False,
+        overlap: bool | None = None,
     ) -> None:
         """model_path: a Hugging Face causal-LM folder. dtype: "auto" (bfloat16 on CUDA, float32 on
         CPU), a name or a torch.dtype. num_kv_blocks: KV cache size in blocks of `kv_block_size`
@@ -68,7 +79,9 @@ class TorchEngine:
         and logprobs do not depend on what else runs (each group prefills alone, every decode step
         runs max_running rows), and `score` reproduces generation's logprobs bitwise; costs throughput
         at low load. Preemption recomputes a sequence's KV by prefill, so keep num_kv_blocks large
-        enough that it does not happen."""
+        enough that it does not happen. overlap: launch each decode step before reading the previous
+        one's results (module docstring); default: on with CUDA graphs on CUDA, off otherwise (deterministic
+        mode keeps the synchronous loop)."""
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
             if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
@@ -77,7 +90,7 @@ class TorchEngine:
         self.dtype = dtypes.torch_dtype(dtype, self.device)
         model = load_hf_folder(model_path, self.dtype, self.device)
         self._setup(model, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len, seed,
-                    weight_version, cuda_graphs, deterministic)
+                    weight_version, cuda_graphs, deterministic, overlap)
 
     @classmethod
     def from_model(cls, model: CausalLM, **options) -> TorchEngine:
@@ -88,7 +101,7 @@ class TorchEngine:
         self.device, self.dtype = p.device, p.dtype
         defaults = {"max_running": 64, "num_kv_blocks": None, "kv_block_size": 16, "max_prefill_tokens": 8192,
                     "max_model_len": None, "seed": 0, "weight_version": 0, "cuda_graphs": True,
-                    "deterministic": False}
+                    "deterministic": False, "overlap": None}
         unknown = set(options) - set(defaults)
         if unknown:
             raise TypeError(f"TorchEngine.from_model: unknown options {sorted(unknown)}")
@@ -96,9 +109,12 @@ class TorchEngine:
         return self
 
     def _setup(self, model: CausalLM, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len,
-               seed, weight_version, cuda_graphs, deterministic) -> None:
+               seed, weight_version, cuda_graphs, deterministic, overlap) -> None:
         if max_running < 1 or max_prefill_tokens < 1:
             raise ValueError(f"max_running={max_running}, max_prefill_tokens={max_prefill_tokens}: both must be >= 1")
+        if overlap and deterministic:
+            raise ValueError("overlap=True with deterministic=True: deterministic mode keeps the synchronous decode "
+                             "loop; leave overlap unset")
         self.model = model
         model.fuse_projections()
         self.arch = self.model.cfg
@@ -113,12 +129,21 @@ class TorchEngine:
             self.model, self.kv_cache, self.blocks, self.device, max_batch=max_running,
             max_model_len=self.max_model_len, cuda_graphs=cuda_graphs, fixed_batch=deterministic,
         )
+        if overlap is None:
+            overlap = self.runner.graphs is not None and not deterministic
+        self.overlap = overlap
+        self._results = ResultBuffers(max_running, self.device) if overlap else None
+        self._inflight: InflightStep | None = None  # the decode step launched and not yet read
+        self._ready: list[Sequence] = []  # finished by a drain outside step(): returned by the next step()
         self.eos_token_ids = frozenset(self.arch.eos_token_ids)
         self._version = weight_version
         self._seed_rng = random.Random(seed)
         self._live: dict[str, int] = {}  # request_id -> samples not yet returned
         self._paused = self._updating = self._closed = False
-        self.counters = {"prefills": 0, "prefill_tokens": 0, "decode_steps": 0, "tokens_generated": 0}
+        # decode_ahead: decode steps launched from the previous step's samples on the device (overlap);
+        # discarded_rows: rows computed for a sequence that had stopped in the step before
+        self.counters = {"prefills": 0, "prefill_tokens": 0, "decode_steps": 0, "tokens_generated": 0,
+                         "decode_ahead": 0, "discarded_rows": 0}
 
     @property
     def weight_version(self) -> int:
@@ -140,12 +165,19 @@ class TorchEngine:
         self.scheduler.add(SequenceGroup(seqs))
 
     def step(self) -> list[GenerationOutput]:
+        """One round: prefill what can be admitted, one decode step -> the samples that finished (with overlap:
+        in the decode step read in this round, launched in the previous one)."""
         self._check_open()
         if self._updating:
             raise RuntimeError("step() during a weight update: call end_weight_update(version) first")
-        if self._paused or not self.scheduler.has_work():
+        if self._paused or not self.has_work():
             return []
-        finished: list[Sequence] = []
+        finished, self._ready = self._ready, []
+        if self._inflight is not None and not self.scheduler.waiting:  # nothing to admit: run ahead
+            ahead = self._decode_ahead()
+            if ahead is not None:
+                return self._outputs(finished + ahead)
+        finished += self._drain()  # admission and preemption decide on the complete host state
         groups = self.scheduler.schedule_prefill()
         if groups:
             finished += self._prefill(groups)
@@ -161,28 +193,40 @@ class TorchEngine:
         self._check_open()
         if self._paused or self._updating:
             raise RuntimeError("score() while paused or in a weight update: end the update and resume() first")
-        if self.scheduler.has_work():
-            raise RuntimeError("score() needs an idle engine: finish or abort the requests in flight first")
+        self._ready += self._drain()
+        if self.has_work():
+            raise RuntimeError("score() needs an idle engine: step() until has_work() is false, or abort the "
+                               "requests in flight")
         return score_forced(self, groups)
 
     def has_work(self) -> bool:
-        return not self._closed and self.scheduler.has_work()
+        """Queued or running sequences, a decode step in flight, or finished outputs not yet returned."""
+        return not self._closed and (self.scheduler.has_work() or self._inflight is not None or bool(self._ready))
 
     def limits(self) -> EngineLimits:
         return EngineLimits(vocab_size=self.arch.vocab_size, max_model_len=self.max_model_len)
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationOutput]:
+        """Also returns, first, these requests' samples that finished in the decode step in flight (their
+        outputs were not returned yet), so nothing of an aborted request is left in the engine."""
+        self._ready += self._drain()
+        ids = None if request_ids is None else set(request_ids)
+        done = [s for s in self._ready if ids is None or s.request_id in ids]
+        self._ready = [s for s in self._ready if not (ids is None or s.request_id in ids)]
         now = time.perf_counter()
-        removed = self.scheduler.remove(request_ids)
+        removed = self.scheduler.remove(ids)
         for seq in removed:
             seq.finish(FinishReason.ABORT, now)
-        return self._outputs(removed)
+        return self._outputs(done + removed)
 
     def pause(self, mode: PauseMode) -> list[GenerationOutput]:
         if mode not in ("abort", "continue"):
             raise ValueError(f"pause mode {mode!r}: use 'abort' or 'continue'")
         self._paused = True
-        return self.abort(None) if mode == "abort" else []
+        if mode == "abort":
+            return self.abort(None)
+        self._ready += self._drain()  # the host state is complete while paused
+        return []
 
     def resume(self) -> None:
         self._paused = False
@@ -191,6 +235,7 @@ class TorchEngine:
 
     def begin_weight_update(self) -> None:
         self._check_open()
+        self._ready += self._drain()  # no step runs across a weight load
         self._updating = True
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -237,29 +282,81 @@ class TorchEngine:
         finished = []
         for batch in ([g] for g in groups) if self.deterministic else [groups]:  # alone: no batch dependence
             seqs, tokens, logprobs = self.runner.prefill(batch)
-            finished += self._append(seqs, tokens, logprobs)
+            finished += self._append(seqs, tokens, logprobs, self._version)
         elapsed = time.perf_counter() - start
         for seq in (s for g in groups for s in g.seqs):
             seq.prefill_s += elapsed
         return finished
 
     def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
+        """One decode step from the host's tokens: synchronous, or with overlap launched and left in flight."""
+        if self.overlap and self.runner.can_run_ahead(seqs):
+            self._launch(seqs)
+            return []
         tokens, logprobs = self.runner.decode(seqs)
         self.counters["decode_steps"] += 1
-        return self._append(seqs, tokens, logprobs)
+        return self._append(seqs, tokens, logprobs, self._version)
 
-    def _append(self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor) -> list[Sequence]:
+    def _decode_ahead(self) -> list[Sequence] | None:
+        """Launch the next decode step from the in-flight one's samples on the device, then read and apply
+        the in-flight step's results while the GPU runs the new one. Its rows: the in-flight step's sequences
+        that still run and do not end with their pending token. -> the sequences that finished; None when the
+        free KV blocks do not cover the new step (nothing launched: step() drains and schedules as usual)."""
+        prev = self._inflight
+        src = [i for i, s in enumerate(prev.seqs) if s.status is SequenceStatus.RUNNING and not self._ends_pending(s)]
+        seqs = [prev.seqs[i] for i in src]
+        if not self.scheduler.schedule_ahead(seqs):
+            return None
+        self._inflight = None
+        if seqs:
+            self._launch(seqs, prev, src)
+            self.counters["decode_ahead"] += 1
+        return self._read(prev)
+
+    def _launch(self, seqs: list[Sequence], prev: InflightStep | None = None, src: list[int] | None = None) -> None:
+        sampled = self.runner.launch_decode(seqs, prev.sampled if prev else None, src)
+        self.counters["decode_steps"] += 1
+        self._inflight = self._results.launch(seqs, sampled, self._version)
+
+    def _drain(self) -> list[Sequence]:
+        """Read and apply the step in flight, if any (launching nothing) -> the sequences that finished."""
+        prev, self._inflight = self._inflight, None
+        return [] if prev is None else self._read(prev)
+
+    def _read(self, step: InflightStep) -> list[Sequence]:
+        """Wait for a launched step and apply its tokens. A finished sequence's blocks are freed here although
+        the step launched after this one may still write its pending token's KV into them: any later owner of
+        those blocks writes them in a step queued after that one on the same stream, so the stale write lands
+        first."""
+        tokens, logprobs = step.results()
+        return self._append(step.seqs, tokens, logprobs, step.version)
+
+    def _append(
+        self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor, version: int
+    ) -> list[Sequence]:
+        """Apply one token per row, stamped `version`. A row whose sequence no longer runs (it stopped in the step
+        before this one, which ran ahead of it) is discarded."""
         now = time.perf_counter()
         finished = []
+        running = SequenceStatus.RUNNING
+        appended = 0
         for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
-            seq.append(token, logprob, self._version, now)
+            if seq.status is not running:
+                continue
+            seq.append(token, logprob, version, now)
+            appended += 1
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 seq.finish(reason, now)
                 self.scheduler.finish(seq)
                 finished.append(seq)
-        self.counters["tokens_generated"] += len(seqs)
+        self.counters["tokens_generated"] += appended
+        self.counters["discarded_rows"] += len(seqs) - appended
         return finished
+
+    def _ends_pending(self, seq: Sequence) -> bool:
+        """Its token in flight is its last whatever it is: max_new_tokens or max_model_len reached."""
+        return seq.num_outputs + 1 >= seq.sampling.max_new_tokens or seq.num_tokens + 1 >= self.max_model_len
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         if seq.forced_token_ids is not None:  # scoring: the forced tokens decide, not EOS or max_new_tokens

@@ -4,6 +4,9 @@
                       -> copy-on-write blocks -> one logits row per sample -> sample
     decode(seqs)    : DecodeBuffers.stage (padded to a bucket size) -> CUDA graph replay, or the same
                       step eagerly (model -> lm_head -> fused sampler) -> one host copy of the results
+    launch_decode   : the same step queued without waiting -> its samples on the device; run ahead of the
+                      host (`src`), it takes its input ids from the previous step's samples there
+                      (the engine's overlapped decode, `inflight`)
 
 Sampling runs in the fused GPU kernel (`triton_sampler`) when available; rows with top-k / top-p, and
 the CPU, use `sampler.sample`. Both take each row's forced token (`Sequence.forced_token`, -1 = sample):
@@ -89,18 +92,59 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         """One token for each sequence -> (tokens [n] int64, logprobs [n] fp32), on the host."""
         n = len(seqs)
-        size = self.sizes[-1] if self.fixed_batch else next(s for s in self.sizes if s >= n)
+        size = self._size(n)
         self.buffers.stage(seqs, size)
-        if self.graphs is not None:
-            logits, sampled = self.graphs.replay(size)
-        else:
-            logits, sampled = self.decode_step(size, None if self.fixed_batch else self.buffers.width)
+        logits, sampled = self._run_decode(size)
         if sampled is not None and not self.needs_truncation(seqs):
             return self._to_host(sampled, n)
         if sampled is not None and self.fixed_batch:
             return self._sample_truncated_rows(logits, sampled, seqs)
         tokens, logprobs = sample(logits[:n].float(), self.prepare_sampling(seqs))
         return tokens.cpu(), logprobs.cpu()
+
+    @torch.inference_mode()
+    def launch_decode(
+        self, seqs: list[Sequence], prev_sampled: torch.Tensor | None = None, src: list[int] | None = None
+    ) -> torch.Tensor:
+        """Queue one decode step for `seqs` and return without a sync -> [2, >= n] float64 on the device: row 0
+        the tokens, row 1 their logprobs (what `decode` would copy to the host). Only for steps that
+        `can_run_ahead`. prev_sampled, src: the step runs one token ahead of the host; sequence i's input
+        token is prev_sampled[0, src[i]] (the previous step's samples, still on the device)."""
+        n = len(seqs)
+        size = self._size(n)
+        self.buffers.stage(seqs, size, src)
+        if prev_sampled is not None:
+            self.buffers.gather_input_ids(prev_sampled[0], n)
+        logits, sampled = self._run_decode(size)
+        return sampled if sampled is not None else self._sample_staged(logits, n)
+
+    def can_run_ahead(self, seqs: list[Sequence]) -> bool:
+        """Whether a decode step of `seqs` can stay on the device: every row samples on the device without
+        top-k / top-p (those rows sample on the host path) and none is forced (scoring); not fixed_batch
+        (deterministic mode keeps the synchronous step)."""
+        return not self.fixed_batch and not self.needs_truncation(seqs) and all(
+            s.forced_token_ids is None for s in seqs
+        )
+
+    def _size(self, n: int) -> int:
+        return self.sizes[-1] if self.fixed_batch else next(s for s in self.sizes if s >= n)
+
+    def _run_decode(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.graphs is not None:
+            return self.graphs.replay(size)
+        return self.decode_step(size, None if self.fixed_batch else self.buffers.width)
+
+    def _sample_staged(self, logits: torch.Tensor, n: int) -> torch.Tensor:
+        """`sampler.sample` on rows [:n] with the staged parameters (no fused sampler: the CPU) -> [2, n] float64,
+        the fused sampler's layout. The same values as `decode`'s host path (no truncation, nothing forced)."""
+        v = self.buffers.views(n)
+        batch = SamplingBatch(
+            temperatures=v["temperatures"], top_ps=torch.ones_like(v["temperatures"]),
+            top_ks=torch.full_like(v["steps"], self.vocab_size), seeds=v["seeds"], steps=v["steps"],
+            needs_truncation=False, forced=v["forced"],
+        )
+        tokens, logprobs = sample(logits[:n].float(), batch)
+        return torch.stack((tokens.double(), logprobs.double()))
 
     def _sample_truncated_rows(
         self, logits: torch.Tensor, sampled: torch.Tensor, seqs: list[Sequence]

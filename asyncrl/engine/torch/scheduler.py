@@ -10,6 +10,9 @@
 * Decode runs every running sequence. When the next token of some sequence needs a block and none
   is free, the most recently admitted sequences are preempted: their blocks are freed and they go
   back to the front of the queue to be recomputed (their sampled tokens are kept).
+* Decode ahead (`schedule_ahead`, the engine's overlapped decode): the rows of a step launched while the
+  previous step's tokens are still on the device. It never preempts: when the blocks do not suffice it
+  allocates nothing, and the engine waits for the previous step and takes `schedule_decode`.
 """
 
 from __future__ import annotations
@@ -67,6 +70,17 @@ class Scheduler:
         for seq in needing:
             self.blocks.append_slot(seq)
         return list(self.running)
+
+    def schedule_ahead(self, seqs: list[Sequence]) -> bool:
+        """Allocate the KV slots of a decode step one token ahead: each of `seqs` has a token in flight (not
+        yet appended), so the step writes position `num_tokens`. -> False, allocating nothing, when the free
+        blocks do not cover them."""
+        needing = [s for s in seqs if self.blocks.needs_block(s, ahead=1)]
+        if len(needing) > self.blocks.num_free:
+            return False
+        for seq in needing:
+            self.blocks.append_slot(seq, ahead=1)
+        return True
 
     def _needing_blocks(self) -> list[Sequence]:
         needs = self.blocks.needs_block
