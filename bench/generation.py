@@ -202,11 +202,11 @@ def commit() -> str:
 
 def bench_case(
     shape: str, batch: int, prompt_len: int, output_len: int, bw: float, skip_hf: bool, profile: bool = False,
-    deterministic: bool = False,
+    deterministic: bool = False, overlap: bool | None = None,
 ) -> dict:
     max_len = prompt_len + output_len + 16
     hf = build_hf(shape, max_len)
-    eng = make_engine(hf, batch, max_len, deterministic=deterministic)
+    eng = make_engine(hf, batch, max_len, deterministic=deterministic, overlap=overlap)
     kv_per_token = 2 * eng.arch.num_layers * eng.arch.num_kv_heads * eng.arch.head_dim * 2
     run_engine(eng, prompts(batch, prompt_len, seed=1), 8)  # warm-up: prefill shapes, graphs, kernels
     wall, outs, dec = run_engine(eng, prompts(batch, prompt_len, seed=2), output_len)
@@ -220,6 +220,7 @@ def bench_case(
         "graph_replay_ms": graph_step_ms(eng, batch),
         "roofline_frac": round(ideal / dec["decode_s"], 3) if dec["decode_s"] else None,
         "weight_bytes": wbytes, "copy_bw_GBs": round(bw / 1e9, 1), "deterministic": deterministic,
+        "overlap": eng.overlap,
     }
     if profile:
         row.update(profile_parts(eng, batch, prompt_len + output_len // 2))
@@ -280,6 +281,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also time the decode step's parts")
     parser.add_argument("--deterministic", action="store_true",
                         help="the engine's deterministic mode (each group prefills alone, fixed decode batch)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="synchronous decode (the engine's overlapped decode is on by default on GPU)")
     parser.add_argument("--rl", action="store_true", help="the RL-shaped case instead (prompt-len default 512)")
     parser.add_argument("--rl-groups", type=int, default=32)
     parser.add_argument("--rl-n", type=int, default=8, help="samples per prompt")
@@ -298,7 +301,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             print(json.dumps(bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
-                                        args.deterministic)), flush=True)
+                                        args.deterministic, False if args.no_overlap else None)), flush=True)
 
 
 if __name__ == "__main__":
