@@ -30,7 +30,9 @@ def enabled(t: torch.Tensor) -> bool:
 
 
 _BLOCK_N = 64  # decode attention: tokens per tile
-SPLIT_CHUNK = 128  # decode attention: tokens per partial of the split kernel (a multiple of _BLOCK_N)
+# decode attention: tokens per partial of the split kernel (a multiple of _BLOCK_N). 256: on the H200 (fab375b, 0.5B
+# shape, batch 256, contexts 192-512 in a CUDA graph) one pass 0.0177 ms, split by 128 0.0196 ms, by 256 0.0167 ms.
+SPLIT_CHUNK = 256
 _SPLIT_PROGRAMS = 4096  # split decode attention: launch at most ~this many programs; more chunks loop
 
 
