@@ -8,6 +8,12 @@ It needs no host sync and no generator state, so it runs inside the decode CUDA 
 A forced row (scoring: `forced[row] >= 0`) returns the forced token and its logprob, taken from the
 same scaled logits and the same run_max / run_sum normaliser as a sampled token's; the sampled rows'
 arithmetic is untouched, so a forced token scores bitwise as sampling it did.
+
+Per block of the vocabulary the loop makes three reductions: the noisy max with its first position (one
+`tl.max(..., return_indices=True)`), and the max and exp-sum of the online log-softmax. The chosen token's
+scaled logit is loaded once after the loop, the same load and division as in the loop, so its value is
+bitwise the one the loop saw. (The loop used to find that value, and a forced token's, with three more masked
+reductions per block.)
 """
 
 from __future__ import annotations
@@ -46,34 +52,32 @@ if HAS_TRITON:
         k2 = _mix32(k1 ^ golden)
         best = tl.full([], float("-inf"), tl.float32)
         best_idx = tl.full([], 0, tl.int32)
-        best_scaled = tl.full([], 0.0, tl.float32)
-        forced_scaled = tl.full([], float("-inf"), tl.float32)
         run_max = tl.full([], float("-inf"), tl.float32)
         run_sum = tl.full([], 0.0, tl.float32)
+        base = logits_ptr + row * stride_l
         for start in range(0, vocab, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             mask = cols < vocab
-            scaled = tl.load(logits_ptr + row * stride_l + cols, mask=mask, other=float("-inf")).to(tl.float32) / temp
+            scaled = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32) / temp
             x = _mix32(_mix32(cols.to(tl.uint32) ^ k1) ^ k2)
             u = ((x >> 9).to(tl.float32) + 0.5) * (2.0**-23)
             noise = -tl.log(-tl.log(u))
             val = tl.where(greedy, scaled, scaled + noise)
             val = tl.where(mask, val, float("-inf"))
-            chunk_best = tl.max(val, axis=0)
-            chunk_idx = tl.min(tl.where(val == chunk_best, cols, 2147483647), axis=0)
-            chunk_scaled = tl.max(tl.where(cols == chunk_idx, scaled, float("-inf")), axis=0)
-            better = chunk_best > best  # ties keep the earlier index, like argmax
-            best_idx = tl.where(better, chunk_idx, best_idx)
-            best_scaled = tl.where(better, chunk_scaled, best_scaled)
+            # the block's max and its first position in one reduction (ties keep the earlier index, like argmax)
+            chunk_best, chunk_pos = tl.max(val, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            better = chunk_best > best
+            best_idx = tl.where(better, start + chunk_pos, best_idx)
             best = tl.where(better, chunk_best, best)
-            forced_scaled = tl.maximum(forced_scaled, tl.max(tl.where(cols == forced, scaled, float("-inf")), axis=0))
             new_max = tl.maximum(run_max, tl.max(scaled, axis=0))
             run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(scaled - new_max), axis=0)
             run_max = new_max
         is_forced = forced >= 0
         token = tl.where(is_forced, forced, best_idx.to(tl.int64))
+        # the token's scaled logit, read once after the loop: the same load and division as inside it
+        picked = tl.load(base + token).to(tl.float32) / temp
         tl.store(out_ptr + row, token.to(tl.float64))
-        logprob = tl.where(is_forced, forced_scaled, best_scaled) - run_max - tl.log(run_sum)
+        logprob = picked - run_max - tl.log(run_sum)
         tl.store(out_ptr + tl.num_programs(0) + row, logprob.to(tl.float64))
 
 

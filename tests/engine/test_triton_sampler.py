@@ -1,0 +1,69 @@
+"""The fused sampler (triton_sampler.sample_fused) against the torch sampler it stands in for.
+
+"cpu" runs the kernel in the Triton interpreter (TRITON_INTERPRET=1 for the whole run, as in
+tests/engine/test_decode_attention_split.py); "cuda" the compiled kernel. Without Triton both skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch.sampler import SamplingBatch, sample
+
+pytestmark = pytest.mark.filterwarnings(  # Triton < 3.7's interpreter under numpy 2.3
+    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")])])
+def device(request):
+    if not triton_ops.HAS_TRITON:
+        pytest.skip("needs Triton")
+    if request.param == "cpu" and not triton_ops._INTERPRET:
+        pytest.skip("the kernel runs on CPU only with TRITON_INTERPRET=1 set for the whole run")
+    return request.param
+
+
+def _case(device: str, rows: int = 6, vocab: int = 5003):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    # a greedy row with a three-way tie, within one 2048-wide block (11, 1500) and across blocks (4000):
+    # the first index wins, like argmax
+    logits[0, 11] = logits[0, 1500] = logits[0, 4000] = logits[0].max() + 40
+    temps = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.9, 1.0])[:rows]
+    seeds = torch.randint(0, 2**62, (rows,), generator=g)
+    steps = torch.randint(0, 10_000, (rows,), generator=g)
+    forced = torch.full((rows,), -1, dtype=torch.int64)
+    forced[4], forced[5] = vocab - 1, 11
+    return [t.to(device) for t in (logits, temps, seeds, steps, forced)]
+
+
+def _reference(logits, temps, seeds, steps, forced) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, vocab = logits.shape
+    batch = SamplingBatch(temperatures=temps.cpu(), top_ps=torch.ones(rows), top_ks=torch.full((rows,), vocab),
+                          seeds=seeds.cpu(), steps=steps.cpu(), needs_truncation=False, forced=forced.cpu())
+    return sample(logits.cpu().float(), batch)
+
+
+def test_fused_sampler_matches_the_torch_sampler(device):
+    from asyncrl.engine.torch.triton_sampler import sample_fused
+
+    case = _case(device)
+    out = sample_fused(*case).cpu()  # [2, rows] float64
+    tokens, logprobs = _reference(*case)
+    assert out[0].long().tolist() == tokens.tolist()
+    assert int(out[0, 0]) == 11  # greedy tie: the earlier index, like argmax
+    assert out[0, 4] == 5002 and out[0, 5] == 11  # forced rows take their tokens
+    torch.testing.assert_close(out[1].float(), logprobs, rtol=0, atol=2e-5)
+
+
+def test_forcing_the_sampled_token_scores_it_bitwise(device):
+    from asyncrl.engine.torch.triton_sampler import sample_fused
+
+    logits, temps, seeds, steps, _ = _case(device)
+    sampled = sample_fused(logits, temps, seeds, steps)
+    forced = sample_fused(logits, temps, seeds, steps, sampled[0].long())
+    assert torch.equal(forced, sampled)
