@@ -126,9 +126,8 @@ def _triton_forward(logits: Tensor, targets: Tensor, inv_temp: Tensor) -> tuple[
 
 def _triton_backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tensor, grad: Tensor) -> Tensor:
     n, v = logits.shape
-    block = _BLOCK
     if n:
-        _backward_kernel[(n, triton.cdiv(v, block))](
+        _backward_kernel[(n, triton.cdiv(v, _BLOCK))](
             logits, targets, inv_temp.float().contiguous(), lse.contiguous(), grad.float().contiguous(), v,
-            BLOCK=block, num_warps=_WARPS)
+            BLOCK=_BLOCK, num_warps=_WARPS)
     return logits

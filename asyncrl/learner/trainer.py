@@ -22,7 +22,6 @@ attention is variable-length over the pack (attention.py) and the lm_head is fus
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,7 +58,7 @@ class Trainer:
         self.dtype = dtypes.torch_dtype(dtype, device)  # forward/backward run in it
         if device.type == "cuda":
             torch.cuda.set_device(device)
-            torch.set_num_threads(host_threads(cfg))
+            torch.set_num_threads(cfg.resolved_host_threads)  # process-wide: see LearnerConfig.host_threads
         if self.dtype != torch.float32 and not dist.is_initialized():
             fsdp.init_single_rank(device)
         self.dist = fsdp.dist_info(device)
@@ -281,11 +280,6 @@ class Trainer:
         """Plain Hugging Face folder of the current policy (collective; rank 0 writes)."""
         return exp.export_hf(self.named_full_tensors(), self.policy.hf.config, self.model_path, out_dir,
                              write=self.dist.rank == 0)
-
-
-def host_threads(cfg: LearnerConfig) -> int:
-    """torch CPU threads for a learner that trains on a GPU (LearnerConfig.host_threads; process-wide)."""
-    return cfg.host_threads or min(4, os.cpu_count() or 1)
 
 
 def _packed_logprobs(mb: MicroBatch, rescored: dict[int, np.ndarray]) -> Tensor:

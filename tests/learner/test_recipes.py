@@ -79,7 +79,5 @@ def test_dapo_shaped_filter_keeps_the_length_penalty_as_signal():
 def test_host_threads_auto_caps_the_pool_and_an_explicit_value_wins():
     import os
 
-    from asyncrl.learner.trainer import host_threads
-
-    assert host_threads(LearnerConfig()) == min(4, os.cpu_count() or 1)
-    assert host_threads(LearnerConfig(host_threads=7)) == 7
+    assert LearnerConfig().resolved_host_threads == min(4, os.cpu_count() or 1)
+    assert LearnerConfig(host_threads=7).resolved_host_threads == 7

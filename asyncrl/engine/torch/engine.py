@@ -303,7 +303,7 @@ class TorchEngine:
         that still run and do not end with their pending token. -> the sequences that finished; None when the
         free KV blocks do not cover the new step (nothing launched: step() drains and schedules as usual)."""
         prev = self._inflight
-        src = [i for i, s in enumerate(prev.seqs) if s.status is SequenceStatus.RUNNING and not self._ends_pending(s)]
+        src = [i for i, s in enumerate(prev.seqs) if s.status is SequenceStatus.RUNNING and not self._at_length(s, pending=1)]
         seqs = [prev.seqs[i] for i in src]
         if not self.scheduler.schedule_ahead(seqs):
             return None
@@ -354,9 +354,11 @@ class TorchEngine:
         self.counters["discarded_rows"] += len(seqs) - appended
         return finished
 
-    def _ends_pending(self, seq: Sequence) -> bool:
-        """Its token in flight is its last whatever it is: max_new_tokens or max_model_len reached."""
-        return seq.num_outputs + 1 >= seq.sampling.max_new_tokens or seq.num_tokens + 1 >= self.max_model_len
+    def _at_length(self, seq: Sequence, pending: int = 0) -> bool:
+        """The length rule: max_new_tokens or max_model_len reached, counting `pending` tokens not yet appended
+        (pending = 1: its token in flight is its last, whatever it is)."""
+        return (seq.num_outputs + pending >= seq.sampling.max_new_tokens
+                or seq.num_tokens + pending >= self.max_model_len)
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         if seq.forced_token_ids is not None:  # scoring: the forced tokens decide, not EOS or max_new_tokens
@@ -364,7 +366,7 @@ class TorchEngine:
         params = seq.sampling
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return FinishReason.STOP
-        if seq.num_outputs >= params.max_new_tokens or seq.num_tokens >= self.max_model_len:
+        if self._at_length(seq):
             return FinishReason.LENGTH
         return None
 
