@@ -103,7 +103,7 @@ def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emul
 
     torch._dynamo.reset()
     inductor_config.emulate_precision_casts = emulate
-    trainer = Trainer(LearnerConfig(compile=compile_), path, device=DEV)
+    trainer = Trainer(LearnerConfig(compile=compile_), path, device=torch.device(DEV, 0) if DEV == "cuda" else DEV)
     trainer.policy.eval()
     n, total = ids.shape
     rows = []
@@ -161,7 +161,7 @@ def main() -> None:
         scores["hf_c5"], _ = hf_full(hf, ids, plen, 5)
     if "hf_head32" not in skip:
         scores["hf_head32"], _ = hf_full(hf, ids, plen, 16, head32=True)
-    profiles = {}
+    profiles, errors = {}, {}
     if "hf_decode" not in skip:
         scores["hf_decode"], dec_layers = hf_decode(hf, ids, plen)
         profiles["hf_decode_vs_hf"] = layer_profile(dec_layers, hf_layers)
@@ -170,7 +170,10 @@ def main() -> None:
         hf.save_pretrained(path)
         for name, comp, emul in (("learner", False, False), ("learner_c", True, False), ("learner_ce", True, True)):
             if name not in skip:
-                scores[name] = learner_scores(path, ids, plen, comp, emul)
+                try:
+                    scores[name] = learner_scores(path, ids, plen, comp, emul)
+                except Exception as e:  # one scorer's failure still leaves the others' numbers
+                    errors[name] = f"{type(e).__name__}: {e}"[:300]
     hf32 = hf.float()
     scores["fp32"], f32_layers = hf_full(hf32, ids, plen, 16, layers=True)
     profiles["hf_vs_fp32"] = layer_profile(hf_layers, f32_layers)
@@ -181,7 +184,7 @@ def main() -> None:
            "pairs": {"learner_c_vs_learner": _stats(scores["learner_c"], scores["learner"])
                      if {"learner", "learner_c"} <= scores.keys() else None,
                      "hf_vs_learner": _stats(scores["hf"], scores["learner"]) if "learner" in scores else None},
-           "layer_rel_diff": profiles, "mean_logprob": scores["fp32"].mean().item(),
+           "layer_rel_diff": profiles, "errors": errors, "mean_logprob": scores["fp32"].mean().item(),
            "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "torch": torch.__version__, "commit": commit()}
     print(json.dumps(row), flush=True)
 
