@@ -202,7 +202,7 @@ def commit() -> str:
 
 def bench_case(
     shape: str, batch: int, prompt_len: int, output_len: int, bw: float, skip_hf: bool, profile: bool = False,
-    deterministic: bool = False, overlap: bool | None = None,
+    deterministic: bool = False, overlap: bool | None = None, trace: str = "",
 ) -> dict:
     max_len = prompt_len + output_len + 16
     hf = build_hf(shape, max_len)
@@ -217,6 +217,7 @@ def bench_case(
         "bench": "generation", "shape": shape, "batch": batch, "prompt_len": prompt_len, "output_len": output_len,
         "dtype": "bfloat16", "engine_tok_s": round(batch * output_len / wall, 1), "engine_wall_s": round(wall, 3),
         "decode_step_ms": round(1e3 * dec["decode_s"] / max(dec["decode_steps"], 1), 3),
+        "other_steps_s": round(wall - dec["decode_s"], 3),  # the steps with a prefill, and the last read-back
         "graph_replay_ms": graph_step_ms(eng, batch),
         "roofline_frac": round(ideal / dec["decode_s"], 3) if dec["decode_s"] else None,
         "weight_bytes": wbytes, "copy_bw_GBs": round(bw / 1e9, 1), "deterministic": deterministic,
@@ -224,6 +225,8 @@ def bench_case(
     }
     if profile:
         row.update(profile_parts(eng, batch, prompt_len + output_len // 2))
+    if trace:
+        trace_run(eng, prompts(batch, prompt_len, seed=4), output_len, trace)
     eng.close()
     del eng
     if not skip_hf:
@@ -235,6 +238,16 @@ def bench_case(
     del hf
     torch.cuda.empty_cache()
     return row
+
+
+def trace_run(eng, batch_prompts, output_len: int, path: str) -> None:
+    """One more run under torch.profiler (host ops and device kernels) -> a Chrome trace at `path`
+    (read it with bench.trace_gaps, or chrome://tracing). Not timed: the profiler slows the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run_engine(eng, batch_prompts, output_len)
+    prof.export_chrome_trace(path)
 
 
 def rl_case(shape: str, groups: int, n: int, prompt_len: int, max_new: int, skip_hf: bool) -> dict:
@@ -283,6 +296,7 @@ def main() -> None:
                         help="the engine's deterministic mode (each group prefills alone, fixed decode batch)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="synchronous decode (the engine's overlapped decode is on by default on GPU)")
+    parser.add_argument("--trace", default="", help="also write a torch.profiler Chrome trace of one more run here")
     parser.add_argument("--rl", action="store_true", help="the RL-shaped case instead (prompt-len default 512)")
     parser.add_argument("--rl-groups", type=int, default=32)
     parser.add_argument("--rl-n", type=int, default=8, help="samples per prompt")
@@ -301,7 +315,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             print(json.dumps(bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
-                                        args.deterministic, False if args.no_overlap else None)), flush=True)
+                                        args.deterministic, False if args.no_overlap else None, args.trace)), flush=True)
 
 
 if __name__ == "__main__":

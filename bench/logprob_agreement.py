@@ -33,6 +33,18 @@ def learner_logprobs(hf, prompt: list[list[int]], outs, temperature: float, chun
     return torch.cat(rows)
 
 
+def answer_mask(outs, eos) -> torch.Tensor:
+    """[num_seqs, output_len] bool: each response's tokens up to and including its first EOS, the part a run
+    without ignore_eos samples (what follows is off the trained model's distribution)."""
+    stops = set(eos if isinstance(eos, list) else [eos])
+    rows = []
+    for o in outs:
+        ids = o.token_ids.tolist()
+        end = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))
+        rows.append([i < end for i in range(len(ids))])
+    return torch.tensor(rows, device="cuda")
+
+
 def trained_case(args: argparse.Namespace) -> tuple[torch.nn.Module, list[list[int]], int]:
     """(HF model on the GPU in --dtype, its task's prompts as token ids, max length) for --model."""
     import random
@@ -81,13 +93,17 @@ def main() -> None:
     ref = learner_logprobs(hf, batch_prompts, outs, args.temperature, chunk=16)
     ours = torch.tensor([o.logprobs.tolist() for o in outs], device="cuda")
     delta = (ours - ref).abs()
+    answered = answer_mask(outs, hf.config.eos_token_id) if args.model else None
     print(json.dumps({
         "bench": "logprob_agreement", "model": args.model or f"random {args.shape}", "tokens": delta.numel(),
         "prompts": args.prompts, "prompt_len": len(batch_prompts[0]), "output_len": args.output_len,
         "temperature": args.temperature, "init_std": None if args.model else args.init_std, "deterministic": args.deterministic, "dtype": args.dtype,
         "mean_abs_delta": delta.mean().item(), "max_abs_delta": delta.max().item(),
         "p99_abs_delta": delta.flatten().float().quantile(0.99).item() if delta.numel() < 2**24 else None,
-        "mean_logprob": ref.mean().item(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "mean_logprob": ref.mean().item(), **({} if answered is None else {
+            "answer_tokens": int(answered.sum()), "answer_mean_abs_delta": delta[answered].mean().item(),
+            "answer_p99_abs_delta": delta[answered].float().quantile(0.99).item(),
+            "answer_mean_logprob": ref[answered].mean().item()}), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "commit": commit(),
     }), flush=True)
 

@@ -20,6 +20,7 @@ bitwise with its row count), and each decode row picks its sampler by its own pa
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from asyncrl.engine.torch import triton_ops
@@ -183,20 +184,24 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """-> input_ids [num_tokens], positions [num_tokens], metadata, and for each fresh group the
         packed row of its last token."""
-        ids: list[int] = []
-        slots: list[int] = []
+        ids, slots, positions = [], [], []  # numpy parts, one per group
         seq_lens: list[int] = []
         last_rows: list[int] = []
+        page = self.blocks.block_size
+        total = 0
         for group in groups:
-            tokens, owner = group.prefill_token_ids(), group.seqs[0]
-            slots.extend(self.blocks.slot(owner, p) for p in range(len(tokens)))
-            ids.extend(tokens)
-            seq_lens.append(len(tokens))
+            tokens = group.prefill_token_ids()
+            n = len(tokens)
+            table = np.asarray(group.seqs[0].block_table[: -(-n // page)], dtype=np.int64)  # [blocks]
+            slots.append((table[:, None] * page + np.arange(page)).reshape(-1)[:n])  # [n]: BlockManager.slot
+            ids.append(np.asarray(tokens, dtype=np.int64))
+            positions.append(np.arange(n, dtype=np.int64))
+            seq_lens.append(n)
+            total += n
             if not group.is_resume:
-                last_rows.append(len(ids) - 1)
-        positions = [p for n in seq_lens for p in range(n)]
-        meta = AttentionMetadata(is_prefill=True, slot_mapping=self._long(slots), seq_lens=seq_lens)
-        return self._long(ids), self._long(positions), meta, last_rows
+                last_rows.append(total - 1)
+        meta = AttentionMetadata(is_prefill=True, slot_mapping=self._array(slots), seq_lens=seq_lens)
+        return self._array(ids), self._array(positions), meta, last_rows
 
     def needs_truncation(self, seqs: list[Sequence]) -> bool:
         return any(0 < s.sampling.top_k < self.vocab_size or s.sampling.top_p < 1.0 for s in seqs)
@@ -214,6 +219,11 @@ class ModelRunner:
             needs_truncation=any(k < self.vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps),
             forced=self._long([s.forced_token for s in seqs]),
         )
+
+    def _array(self, parts: list[np.ndarray]) -> torch.Tensor:
+        """int64 numpy parts -> one int64 tensor on the device (a 16k-token prefill's ids, slots and positions
+        were ~10 ms of Python per call as lists)."""
+        return torch.from_numpy(np.concatenate(parts)).to(self.device)
 
     def _long(self, values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
