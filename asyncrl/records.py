@@ -7,6 +7,7 @@ Sample life cycle (owned by the replay hub, `asyncrl.replay.state`):
 
     queued -> leased -> generated -> scored -> delivered -> trained
                  \           \          \          \-> dropped (stale when the batch is formed)
+                 \           \          \          \-> filtered (its group had no signal: refill)
                   \-> queued  \-> failed \-> failed
                  (lease expired / aborted)
 """
@@ -30,6 +31,7 @@ class SampleState(enum.StrEnum):
     DELIVERED = "delivered"
     TRAINED = "trained"
     DROPPED = "dropped"
+    FILTERED = "filtered"  # its group had no signal (every sample the same reward) and was not trained
     FAILED = "failed"
 
 

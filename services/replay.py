@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     install_uvloop()
     try:
         hub = Hub(cfg.hub, cfg.batch, run_dir, run["endpoints"]["replay"], secret=RunSecret.ensure(run_dir),
-                  metrics_port=url_port(run.get("metrics_endpoints", {}).get("hub", "")))
+                  metrics_port=url_port(run.get("metrics_endpoints", {}).get("hub", "")),
+                  filter_uniform=cfg.learner.resolved_filter_refill)
     except LogCorrupt as e:  # damaged history: one line naming file, offset and what to do; no traceback
         print(f"replay: cannot resume: {e}", file=sys.stderr, flush=True)
         return EXIT_LOG_CORRUPT

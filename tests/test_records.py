@@ -26,4 +26,4 @@ def test_sampling_params_name_the_bad_field(kw, field):
 
 def test_sample_states_cover_the_life_cycle():
     assert [s.value for s in R.SampleState] == ["queued", "leased", "generated", "scored", "delivered", "trained",
-                                                 "dropped", "failed"]
+                                                 "dropped", "filtered", "failed"]

@@ -33,6 +33,13 @@ class RunConfig:
                 f"generator.max_running={self.generator.max_running} < batch.samples_per_prompt="
                 f"{self.batch.samples_per_prompt}: a generator must fit at least one whole group"
             )
+        if self.learner.resolved_filter_groups != "off" and self.batch.samples_per_prompt < 2:
+            raise ValueError(
+                f"learner.filter_groups={self.learner.filter_groups!r} (resolved "
+                f"{self.learner.resolved_filter_groups!r}) with batch.samples_per_prompt=1: every group of one sample "
+                "has a single reward, so every group would be dropped; set samples_per_prompt >= 2 or "
+                "filter_groups = \"off\""
+            )
         need = 2 * self.learner.checkpoint_every + 1  # commits trail a background write by up to 2 intervals
         if self.hub.max_uncommitted_steps < need:
             raise ValueError(

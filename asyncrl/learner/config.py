@@ -75,8 +75,14 @@ class LearnerConfig:
     filter_groups: GroupFilter = "auto"
     """DAPO dynamic sampling: drop groups whose samples all score the same (zero advantage). accuracy:
     compare the raw rewards (before overlong shaping; DAPO paper, verl's default); shaped: compare the
-    rewards after shaping; off: keep every group; auto: accuracy for dapo, off otherwise. Dropped groups
-    shrink the batch (no refill): see docs/algorithms.md."""
+    rewards after shaping; off: keep every group; auto: accuracy for dapo, off otherwise. What dropped groups
+    do to the batch: `filter_refill`."""
+    filter_refill: bool | Literal["auto"] = "auto"
+    """With the accuracy filter: true = the hub drops groups without signal as it forms batches, so their
+    prompts' places go back to generation and every batch holds batch.prompts_per_step groups with signal
+    (the DAPO paper's dynamic sampling; costs generation); false = the learner drops them and trains on a
+    smaller batch. auto: true for dapo with the accuracy filter. Needs filter_groups accuracy (the hub sees
+    raw rewards only)."""
     kl_coef: float = 0.0
     """Weight of the KL to the frozen reference model (0: no reference model is loaded)."""
     kl_clamp: float = 10.0
@@ -179,6 +185,12 @@ class LearnerConfig:
                 f"learner.overlong_buffer={self.overlong_buffer}, overlong_penalty={self.overlong_penalty}: "
                 "both must be >= 0 (overlong_buffer may also be \"auto\")"
             )
+        if self.filter_refill is True and self.resolved_filter_groups != "accuracy":
+            raise ValueError(
+                f"learner.filter_refill=true needs learner.filter_groups = \"accuracy\" (now resolved to "
+                f"{self.resolved_filter_groups!r}): the hub compares raw rewards only; set filter_groups = "
+                "\"accuracy\" or filter_refill = false"
+            )
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(
                 f"learner.gamma={self.gamma}, gae_lambda={self.gae_lambda}: both must be in [0, 1]"
@@ -232,6 +244,13 @@ class LearnerConfig:
         if self.filter_groups != "auto":
             return self.filter_groups
         return "accuracy" if self.algorithm == "dapo" else "off"
+
+    @property
+    def resolved_filter_refill(self) -> bool:
+        """Whether the hub drops groups without signal before forming batches (refill)."""
+        if self.filter_refill != "auto":
+            return self.filter_refill
+        return self.algorithm == "dapo" and self.resolved_filter_groups == "accuracy"
 
     @property
     def resolved_ratio_level(self) -> str:

@@ -21,11 +21,12 @@ from asyncrl.replay.hub import Hub
 class BackgroundHub:
     def __init__(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None,
                  endpoint: str = "tcp://127.0.0.1:0", secret: bytes | None = None,
-                 metrics_port: int | None = None) -> None:
+                 metrics_port: int | None = None, filter_uniform: bool = False) -> None:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.hub: Hub | None = None
-        self.thread = threading.Thread(target=self._run, args=(cfg, batch, run_dir, endpoint, secret, metrics_port), daemon=True,
+        self.thread = threading.Thread(target=self._run, args=(cfg, batch, run_dir, endpoint, secret, metrics_port, filter_uniform),
+                                       daemon=True,
                                        name="asyncrl-hub")
         self.thread.start()
         if not self._ready.wait(30):
@@ -35,9 +36,9 @@ class BackgroundHub:
         self.endpoint: str = self.hub.endpoint  # type: ignore[union-attr]
 
     def _run(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None, endpoint: str,
-             secret: bytes | None, metrics_port: int | None) -> None:
+             secret: bytes | None, metrics_port: int | None, filter_uniform: bool) -> None:
         try:  # the hub's sockets are made and used on this thread only
-            self.hub = Hub(cfg, batch, run_dir, endpoint, secret, metrics_port)
+            self.hub = Hub(cfg, batch, run_dir, endpoint, secret, metrics_port, filter_uniform)
         except BaseException as e:
             self._error = e
             self._ready.set()

@@ -43,8 +43,11 @@ class Parked:
 
 
 class HubCore:
-    def __init__(self, cfg: HubConfig, batch: BatchConfig, journal: Journal) -> None:
+    def __init__(self, cfg: HubConfig, batch: BatchConfig, journal: Journal, *, filter_uniform: bool = False) -> None:
+        """filter_uniform: drop ready groups without signal before forming a batch (refill; the run config's
+        `learner.resolved_filter_refill`)."""
         self.cfg, self.batch, self.journal = cfg, batch, journal
+        self.filter_uniform = filter_uniform
         self.state = journal.state
         self.dispatch = ScoreDispatch(cfg.score_timeout_s)
         self.dispatch.add(self.state.generated_ids())
@@ -245,10 +248,23 @@ class HubCore:
             raise ValueError(f"step {step}: {self.cfg.max_uncommitted_steps} batches delivered and not "
                              "committed; send CommitStep after checkpoints or raise hub.max_uncommitted_steps")
         self.journal.prune_stale(self.state.version - self.cfg.max_staleness)
+        if self.filter_uniform:
+            self._filter(step)
         if len(self.state.ready) < self.batch.prompts_per_step:
             return False
         self.journal.form_batch(step, self.batch.prompts_per_step)
         return True
+
+    def _filter(self, step: int) -> None:
+        """Refill: groups without signal leave (their prompts' slots go back to generation), so the batch of
+        `step` waits for groups with signal instead of training on fewer. A task the policy always or never
+        solves stalls the run here, so the running total is logged (its first 20 values, then every 1000th)."""
+        if self.journal.filter_uniform():
+            total = self.state.events["groups_filtered"]
+            if _worth_logging(total):
+                log.info("step %d: %d groups without signal filtered so far (every sample the same reward); "
+                         "the batch waits for %d groups with signal, %d ready", step, total,
+                         self.batch.prompts_per_step, len(self.state.ready))
 
     def _commit(self, env: Envelope, frame: Any, msg: R.CommitStep, now: float) -> R.Ack:
         n = self.journal.commit(msg.step)

@@ -31,6 +31,7 @@ EDGES: frozenset[tuple[SampleState, SampleState]] = frozenset(
         (SampleState.GENERATED, SampleState.FAILED),
         (SampleState.SCORED, SampleState.DELIVERED),
         (SampleState.SCORED, SampleState.DROPPED),
+        (SampleState.SCORED, SampleState.FILTERED),  # group without signal, dropped at the hub (refill)
         (SampleState.DELIVERED, SampleState.TRAINED),
     }
 )

@@ -58,16 +58,17 @@ RECV_BUDGET_BYTES = 256 << 20  # frames ZeroMQ may queue per connection before i
 
 class Hub:
     def __init__(self, cfg: HubConfig, batch: BatchConfig, run_dir: str | Path | None = None,
-                 endpoint: str | None = None, secret: bytes | None = None, metrics_port: int | None = None) -> None:
+                 endpoint: str | None = None, secret: bytes | None = None, metrics_port: int | None = None,
+                 filter_uniform: bool = False) -> None:
         """`metrics_port`: serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port;
-        None: no exporter)."""
+        None: no exporter). `filter_uniform`: drop groups without signal for refill (`HubCore`)."""
         endpoint = endpoint or cfg.endpoint
         if secret is None and not is_local(endpoint):
             raise ValueError(f"hub endpoint {endpoint}: binding a non-loopback address needs the run secret "
                              "(CURVE); start the hub through the launcher or bind tcp://127.0.0.1")
         log_path = Path(run_dir) / LOG_NAME if run_dir is not None and cfg.log else None
         self.journal = Journal.open(log_path, cfg.fsync)
-        self.core = HubCore(cfg, batch, self.journal)
+        self.core = HubCore(cfg, batch, self.journal, filter_uniform=filter_uniform)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)

@@ -143,6 +143,12 @@ class Journal:
             self._log("prune", min_version)
         return n
 
+    def filter_uniform(self) -> int:
+        n = self.state.filter_uniform()
+        if n:
+            self._log("filter")
+        return n
+
     def form_batch(self, step: int, prompts_per_step: int) -> R.Batch:
         batch = self.state.form_batch(step, prompts_per_step)
         self._log("form", step, prompts_per_step)
@@ -229,6 +235,8 @@ def apply(state: HubState, record: list[Any]) -> None:
         state.score([_unpack_score(v) for v in args[0]])
     elif kind == "prune":
         state.prune_stale(*args)
+    elif kind == "filter":
+        state.filter_uniform()
     elif kind == "form":
         state.form_batch(*args)
     elif kind == "commit":

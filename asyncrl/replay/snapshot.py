@@ -125,7 +125,7 @@ def decode_state(data: bytes) -> tuple[HubState, int]:
     submitted, by_state, transitions, *client = d["counts"]  # client counts: absent in older snapshots
     st.counts.submitted = submitted
     st.counts.client_submitted, st.counts.client_failed = client or (0, 0)
-    st.counts.by_state = {s: by_state[s.value] for s in S}
+    st.counts.by_state = {s: by_state.get(s.value, 0) for s in S}  # a state newer than the snapshot: none yet
     st.counts.transitions = Counter(transitions)
     for packed in d["groups"]:
         g = _unpack_group(packed)

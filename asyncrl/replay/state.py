@@ -7,12 +7,13 @@ methods to rebuild the same state: queue order, leases, delivered batches, count
     submit ──► queue ──grant──► lease ──add_samples──► generated ──score──► ready groups ──form_batch──►
                  ▲                │                                             │          delivered batch
                  └─return/expire──┘                                  prune_stale (dropped)       │ commit
+                                                                     filter_uniform (filtered)   │
                                                                                               trained
 
 Admission (AReaL): a prompt is leased only while ``admitted < (max_staleness + version + 1) *
 prompts_per_step`` where ``admitted`` = accepted (ready, delivered or trained groups) + running (leased
-or generated, not yet in a batch). Groups that end failed or wholly stale leave ``admitted`` so they
-never block admission. Sample accounting lives in `SampleCounts` (checked after every mutation).
+or generated, not yet in a batch). Groups that end failed, wholly stale or filtered (no signal) leave
+``admitted`` so they never block admission. Sample accounting lives in `SampleCounts` (checked after every mutation).
 
 Client prompts (`submit(..., client=True)`: a `SubmitPrompts` with `watch`, as `asyncrl.Client` sends) are
 leased, scored and trained like the run's own, but their failed samples count as `client_failed` and their
@@ -247,6 +248,25 @@ class HubState:
                 self._forget(g, "groups_dropped_stale")
         self.pending_dropped += dropped
         self._bump("dropped_stale", dropped)
+        self._check()
+        return dropped
+
+    def filter_uniform(self) -> int:
+        """DAPO dynamic sampling with refill (`learner.filter_refill`): every ready group whose OK samples all
+        have one reward (no signal: zero advantage for each) leaves now, its samples FILTERED. Leaving frees its
+        admission slot, so a new prompt is generated in its place and batches fill with groups that have
+        signal. Returns how many groups left."""
+        dropped = 0
+        for pid in list(self.ready):
+            g = self.groups[pid]
+            if len({sc.reward for sc in g.ok_samples()}) > 1:
+                continue
+            for i in g.indices(S.SCORED):
+                self._set(g, i, S.SCORED, S.FILTERED)
+                g.scored[i] = None
+            del self.ready[pid]
+            self._forget(g, "groups_filtered")
+            dropped += 1
         self._check()
         return dropped
 

@@ -3,7 +3,9 @@
 ``accounting`` is the one-look health check: every sample ever submitted is trained, dropped
 (stale), failed, or still in a live state; ``lost`` must be 0:
 
-    submitted == trained + dropped_stale + failed + client_failed + in_flight + lost
+    submitted == trained + dropped_stale + filtered + failed + client_failed + in_flight + lost
+
+(``filtered``: samples of groups without signal that the hub dropped for refill, `learner.filter_refill`.)
 
 Samples of client prompts (`asyncrl.Client`) are trained like the run's own and counted in ``submitted``
 (``client_submitted`` of them); those that fail are ``client_failed``, never the run's ``failed``, in
@@ -38,6 +40,7 @@ class HubView(Protocol):
     parked: dict[type, deque[Any]]
     watchers: dict[str, Any]
     shutdown: bool
+    filter_uniform: bool
 
 
 def hub_stats(core: HubView, now: float) -> dict[str, Any]:
@@ -61,6 +64,7 @@ def hub_stats(core: HubView, now: float) -> dict[str, Any]:
         "running": st.running,
         "admissible": st.admissible(cfg.max_staleness, core.batch.prompts_per_step),
         "dropped_stale": events.get("dropped_stale", 0),
+        "refill": core.filter_uniform,  # groups without signal are dropped before batches form
         "rejected_frames": core.counters["rejected_frames"],
         "rejected": dict(core.rejected),
         "hub": dict(core.counters),
@@ -82,6 +86,7 @@ def accounting(core: HubView) -> dict[str, int]:
         "client_submitted": counts.client_submitted,
         "trained": by[SampleState.TRAINED],
         "dropped_stale": by[SampleState.DROPPED],
+        "filtered": by[SampleState.FILTERED],
         "failed": counts.run_failed,
         "client_failed": counts.client_failed,
         "in_flight": sum(by[s] for s in (SampleState.QUEUED, SampleState.LEASED, SampleState.GENERATED,
@@ -91,7 +96,7 @@ def accounting(core: HubView) -> dict[str, int]:
     }
 
 
-_ACCOUNTING_COUNTERS = ("submitted", "client_submitted", "trained", "dropped_stale", "failed",
+_ACCOUNTING_COUNTERS = ("submitted", "client_submitted", "trained", "dropped_stale", "filtered", "failed",
                         "client_failed")  # only grow; in_flight and lost move
 _GAUGES = ("policy_version", "queued_prompts", "leases", "ready_groups", "awaiting_score", "committed_step")
 

@@ -73,6 +73,22 @@ def test_synchronous_mode_trains_only_fresh_samples(tmp_path):
     assert summary(run_dir)["accounting"]["lost"] == 0
 
 
+def test_dapo_refill_trains_every_step_on_full_batches_of_groups_with_signal(tmp_path):
+    """algorithm = dapo: the hub drops groups whose samples all score the same (learner.filter_refill), so
+    every batch still holds batch.prompts_per_step groups, each with signal; the dropped samples are accounted
+    as filtered, none lost."""
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "learner.algorithm=dapo", "learner.steps=6")
+    assert proc.returncode == 0, proc.output
+    ms = metrics(run_dir)
+    assert [(m["groups"], m["groups_kept"]) for m in ms] == [(8.0, 8.0)] * 6
+    done = summary(run_dir)
+    assert done["hub"]["refill"] is True
+    acc = done["accounting"]
+    assert acc["lost"] == 0 and acc["trained"] == 6 * 8 * 8
+    assert acc["filtered"] % 8 == 0, acc  # whole groups (how many is chance: 1-3 of ~50 groups seen)
+
+
 def test_deterministic_mode_proximal_equals_behaviour_bitwise(tmp_path):
     """generator.deterministic: the learner re-scores with the generators' engine code. Synchronous, every token
     is generated on the learner's current weights, so every step's behaviour and proximal logprobs agree bit

@@ -15,6 +15,7 @@ def test_dapo_resolves_to_the_paper_recipe():
     assert cfg.resolved_filter_groups == "accuracy"
     assert cfg.overlong_buffer_for(20480) == 4096 and cfg.overlong_buffer_for(1024) == 204
     assert cfg.resolved_ratio_level == "token" and cfg.dual_clip == 3.0 and cfg.kl_clamp == 10.0
+    assert cfg.resolved_filter_refill  # dynamic sampling refills the batch, as in the paper
 
 
 def test_dapo_recipe_parts_are_overridable():
@@ -22,6 +23,9 @@ def test_dapo_recipe_parts_are_overridable():
                         overlong_buffer=0)
     assert cfg.resolved_clip_eps_high == 0.2 and cfg.resolved_loss_agg == "seq_mean"
     assert cfg.resolved_filter_groups == "shaped" and cfg.overlong_buffer_for(20480) == 0
+    assert not cfg.resolved_filter_refill  # the hub sees raw rewards only: a shaped filter runs in the learner
+    assert not LearnerConfig(algorithm="dapo", filter_refill=False).resolved_filter_refill
+    assert LearnerConfig(algorithm="grpo", filter_groups="accuracy", filter_refill=True).resolved_filter_refill
 
 
 def test_other_algorithms_keep_plain_defaults():
@@ -30,15 +34,29 @@ def test_other_algorithms_keep_plain_defaults():
     assert cfg.resolved_filter_groups == "off" and cfg.overlong_buffer_for(20480) == 0
     assert cfg.resolved_loss_agg == "seq_mean" and cfg.resolved_ratio_level == "token"
     assert LearnerConfig(algorithm="grpo", filter_groups="accuracy").resolved_filter_groups == "accuracy"
+    assert not cfg.resolved_filter_refill
+    assert not LearnerConfig(algorithm="grpo", filter_groups="accuracy").resolved_filter_refill
 
 
 @pytest.mark.parametrize("kw, field", [({"dual_clip": 1.0}, "dual_clip"), ({"kl_clamp": -1.0}, "kl_clamp"),
                                        ({"clip_eps_high": 0.0}, "clip_eps_high"),
                                        ({"overlong_buffer": -1}, "overlong_buffer"),
-                                       ({"host_threads": -1}, "host_threads")])
+                                       ({"host_threads": -1}, "host_threads"),
+                                       ({"filter_refill": True}, "filter_refill"),
+                                       ({"algorithm": "dapo", "filter_groups": "shaped", "filter_refill": True},
+                                        "filter_refill")])
 def test_invalid_settings_name_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
         LearnerConfig(**kw)
+
+
+def test_a_group_filter_needs_groups_of_several_samples():
+    from asyncrl.config.run import RunConfig
+    from asyncrl.config.batch import BatchConfig
+
+    with pytest.raises(ValueError, match="samples_per_prompt"):
+        RunConfig(learner=LearnerConfig(algorithm="dapo"), batch=BatchConfig(samples_per_prompt=1))
+    RunConfig(learner=LearnerConfig(algorithm="grpo"), batch=BatchConfig(samples_per_prompt=1))  # no filter: fine
 
 
 def _group(gid: int, lengths: list[int], rewards: list[float], max_new_tokens: int = 8) -> records.Group:

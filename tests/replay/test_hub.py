@@ -42,7 +42,7 @@ def test_contract_end_to_end_and_accounting(start_hub):
         assert hb.info == {"shutdown": False, "policy_version": 1}
         stats = peer.request(R.StatsRequest()).counters
     acc = stats["accounting"]
-    assert acc == {"submitted": 4, "client_submitted": 0, "trained": 4, "dropped_stale": 0, "failed": 0,
+    assert acc == {"submitted": 4, "client_submitted": 0, "trained": 4, "dropped_stale": 0, "filtered": 0, "failed": 0,
                    "client_failed": 0, "in_flight": 0, "rejected_frames": 0, "lost": 0}
     assert stats["policy_version"] == 1 and stats["peers"]["g0"]["stats"] == {"tok_s": 5.0}
     assert stats["transitions"]["delivered->trained"] == 4
