@@ -62,9 +62,9 @@ def make_engine(hf, batch: int, max_len: int, **options):
     from asyncrl.engine.torch.engine import TorchEngine
 
     blocks = batch * blocks_for(max_len, 16) + 64
+    options = {"max_prefill_tokens": 16384, **options}
     return TorchEngine.from_model(
-        build_from_hf(hf), max_running=batch, num_kv_blocks=blocks, kv_block_size=16, max_prefill_tokens=16384,
-        max_model_len=max_len, **options,
+        build_from_hf(hf), max_running=batch, num_kv_blocks=blocks, kv_block_size=16, max_model_len=max_len, **options,
     )
 
 
@@ -202,11 +202,12 @@ def commit() -> str:
 
 def bench_case(
     shape: str, batch: int, prompt_len: int, output_len: int, bw: float, skip_hf: bool, profile: bool = False,
-    deterministic: bool = False, overlap: bool | None = None, trace: str = "",
+    deterministic: bool = False, overlap: bool | None = None, trace: str = "", max_prefill_tokens: int = 16384,
 ) -> dict:
     max_len = prompt_len + output_len + 16
     hf = build_hf(shape, max_len)
-    eng = make_engine(hf, batch, max_len, deterministic=deterministic, overlap=overlap)
+    eng = make_engine(hf, batch, max_len, deterministic=deterministic, overlap=overlap,
+                      max_prefill_tokens=max_prefill_tokens)
     kv_per_token = 2 * eng.arch.num_layers * eng.arch.num_kv_heads * eng.arch.head_dim * 2
     run_engine(eng, prompts(batch, prompt_len, seed=1), 8)  # warm-up: prefill shapes, graphs, kernels
     wall, outs, dec = run_engine(eng, prompts(batch, prompt_len, seed=2), output_len)
@@ -221,7 +222,7 @@ def bench_case(
         "graph_replay_ms": graph_step_ms(eng, batch),
         "roofline_frac": round(ideal / dec["decode_s"], 3) if dec["decode_s"] else None,
         "weight_bytes": wbytes, "copy_bw_GBs": round(bw / 1e9, 1), "deterministic": deterministic,
-        "overlap": eng.overlap,
+        "overlap": eng.overlap, "max_prefill_tokens": max_prefill_tokens,
     }
     if profile:
         row.update(profile_parts(eng, batch, prompt_len + output_len // 2))
@@ -296,6 +297,7 @@ def main() -> None:
                         help="the engine's deterministic mode (each group prefills alone, fixed decode batch)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="synchronous decode (the engine's overlapped decode is on by default on GPU)")
+    parser.add_argument("--max-prefill-tokens", type=int, default=16384, help="the engine's prefill chunk")
     parser.add_argument("--trace", default="", help="also write a torch.profiler Chrome trace of one more run here")
     parser.add_argument("--rl", action="store_true", help="the RL-shaped case instead (prompt-len default 512)")
     parser.add_argument("--rl-groups", type=int, default=32)
@@ -315,7 +317,8 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             print(json.dumps(bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
-                                        args.deterministic, False if args.no_overlap else None, args.trace)), flush=True)
+                                        args.deterministic, False if args.no_overlap else None, args.trace,
+                                        args.max_prefill_tokens)), flush=True)
 
 
 if __name__ == "__main__":
