@@ -66,6 +66,8 @@ def main() -> None:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--calls", type=int, default=50, help="calls captured in one graph")
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--sweep", action="store_true",
+                   help="also time the split kernel over chunk x tile x warps x stages (one JSON line each, fastest last)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench.decode_attention times Triton kernels on a CUDA GPU: no CUDA device found")
@@ -99,7 +101,28 @@ def main() -> None:
         "single_over_split": round(single / split, 3), "kv_mb": round(kv_bytes / 1e6, 2),
         "split_gbps": round(kv_bytes / (split / 1e3) / 1e9, 1), "device": torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__, "commit": commit(),
-    }))
+    }), flush=True)
+    if args.sweep:
+        sweep(q, k_cache, v_cache, tables, lens, scale, args)
+
+
+def sweep(q, k_cache, v_cache, tables, lens, scale, args) -> None:
+    from asyncrl.engine.torch import triton_ops
+
+    rows = []
+    for chunk in (128, 256, 512):
+        for block_n in (32, 64, 128):
+            for warps in (2, 4, 8):
+                for stages in (1, 2, 3):
+                    if chunk % block_n:
+                        continue
+                    ms = graph_ms(lambda: triton_ops.decode_attention_split(
+                        q, k_cache, v_cache, tables, lens, scale, chunk, block_n=block_n, num_warps=warps,
+                        num_stages=stages), args.calls, args.replays)
+                    rows.append({"chunk": chunk, "block_n": block_n, "warps": warps, "stages": stages,
+                                 "ms": round(ms, 5)})
+    for r in sorted(rows, key=lambda r: -r["ms"]):
+        print(json.dumps({"bench": "decode_attention_sweep", **r}))
 
 
 if __name__ == "__main__":

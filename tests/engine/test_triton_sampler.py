@@ -30,9 +30,10 @@ def device(request):
 def _case(device: str, rows: int = 6, vocab: int = 5003):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(rows, vocab, generator=g) * 3
-    # a greedy row with a three-way tie, within one 2048-wide block (11, 1500) and across blocks (4000):
+    # a greedy row with a four-way tie, within one 2048-wide block (11, 1500), across blocks (4000) and splits
+    # (the last entry):
     # the first index wins, like argmax
-    logits[0, 11] = logits[0, 1500] = logits[0, 4000] = logits[0].max() + 40
+    logits[0, 11] = logits[0, 1500] = logits[0, 4000] = logits[0, vocab - 1] = logits[0].max() + 40
     temps = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.9, 1.0])[:rows]
     seeds = torch.randint(0, 2**62, (rows,), generator=g)
     steps = torch.randint(0, 10_000, (rows,), generator=g)
@@ -48,15 +49,17 @@ def _reference(logits, temps, seeds, steps, forced) -> tuple[torch.Tensor, torch
     return sample(logits.cpu().float(), batch)
 
 
-def test_fused_sampler_matches_the_torch_sampler(device):
-    from asyncrl.engine.torch.triton_sampler import sample_fused
+@pytest.mark.parametrize("vocab", [5003, 40961])  # splits of one block (3 of them); of two blocks (11, the last partial)
+def test_fused_sampler_matches_the_torch_sampler(device, vocab):
+    from asyncrl.engine.torch.triton_sampler import sample_fused, vocab_splits
 
-    case = _case(device)
+    assert vocab_splits(vocab) == {5003: (3, 1), 40961: (11, 2)}[vocab]
+    case = _case(device, vocab=vocab)
     out = sample_fused(*case).cpu()  # [2, rows] float64
     tokens, logprobs = _reference(*case)
     assert out[0].long().tolist() == tokens.tolist()
-    assert int(out[0, 0]) == 11  # greedy tie: the earlier index, like argmax
-    assert out[0, 4] == 5002 and out[0, 5] == 11  # forced rows take their tokens
+    assert int(out[0, 0]) == 11  # greedy tie within a block, across blocks and splits: the earlier index, like argmax
+    assert out[0, 4] == vocab - 1 and out[0, 5] == 11  # forced rows take their tokens
     torch.testing.assert_close(out[1].float(), logprobs, rtol=0, atol=2e-5)
 
 

@@ -310,9 +310,11 @@ def decode_attention_single(
 
 def decode_attention_split(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, chunk: int = SPLIT_CHUNK,
+    context_lens: torch.Tensor, scale: float, chunk: int = SPLIT_CHUNK, *, block_n: int = _BLOCK_N,
+    num_warps: int = 4, num_stages: int = 2,
 ) -> torch.Tensor:
-    """`decode_attention` split over the context (flash-decoding), in two launches.
+    """`decode_attention` split over the context (flash-decoding), in two launches. (block_n, num_warps,
+    num_stages: the partials kernel's tile and launch; bench.decode_attention --sweep tries others.)
 
     1. Partials, grid (batch, kv_heads, programs): a row's context is cut into chunks of `chunk`
        tokens; each chunk's softmax over its own tokens (the one-pass kernel's tile loop, started
@@ -331,7 +333,7 @@ def decode_attention_split(
     not launch thousands of idle programs); a program then takes every programs-th chunk, which
     changes who computes a chunk, not what it computes. The scratch comes from torch.empty here:
     under capture, from the graphs' shared pool; 4 * (d + 2) bytes per (row, head, split)."""
-    assert chunk % _BLOCK_N == 0, f"chunk={chunk} must be a multiple of {_BLOCK_N}"
+    assert chunk % block_n == 0, f"chunk={chunk} must be a multiple of the tile ({block_n})"
     batch, heads, d = q.shape
     page, kv = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv
@@ -342,8 +344,8 @@ def decode_attention_split(
     out = torch.empty_like(q)
     _decode_attention_split_kernel[(batch, kv, programs)](
         q, k_cache, v_cache, block_tables, context_lens, ml, acc, block_tables.stride(0), scale, splits,
-        KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=_BLOCK_N, CHUNK=chunk,
-        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+        KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=block_n, CHUNK=chunk,
+        IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
     )
     _decode_attention_combine_kernel[(batch, kv)](
         ml, acc, context_lens, out, splits, KV=kv, GROUP=group, D=d, BLOCK_H=_block_h(group), CHUNK=chunk,

@@ -9,11 +9,18 @@ A forced row (scoring: `forced[row] >= 0`) returns the forced token and its logp
 same scaled logits and the same run_max / run_sum normaliser as a sampled token's; the sampled rows'
 arithmetic is untouched, so a forced token scores bitwise as sampling it did.
 
-Per block of the vocabulary the loop makes three reductions: the noisy max with its first position (one
-`tl.max(..., return_indices=True)`), and the max and exp-sum of the online log-softmax. The chosen token's
-scaled logit is loaded once after the loop, the same load and division as in the loop, so its value is
-bitwise the one the loop saw. (The loop used to find that value, and a forced token's, with three more masked
-reductions per block.)
+Two launches (split over the vocabulary, like flash-decoding over a context). Program (row, split) walks its
+contiguous run of 2048-wide blocks making three reductions per block: the noisy max with its first position
+(one `tl.max(..., return_indices=True)`) and the max and exp-sum of the online log-softmax; it writes those
+four numbers. One program per row then folds the row's partials: the earliest split holding the largest noisy
+value gives the token (so ties go to the first index, like argmax), the maxes and rescaled sums give the
+normaliser, and the chosen token's scaled logit is loaded once, the same load and division as in the loop,
+so its value is bitwise the one the loop saw.
+
+Why split: one program per row walked all ~75 blocks of a 152k vocabulary in series; at batch 256 that is 256
+programs (two per SM), latency-bound at 0.21 ms of the 0.5B decode graph's 1.64 ms of kernels (H200,
+bench.decode_kernels). The split count depends on the vocabulary only (`vocab_splits`), so a row's bits do not
+depend on the batch (deterministic mode's batch invariance).
 """
 
 from __future__ import annotations
@@ -36,15 +43,18 @@ if HAS_TRITON:
         return x ^ (x >> 16)
 
     @triton.jit
-    def _sample_kernel(logits_ptr, stride_l, temp_ptr, seed_ptr, step_ptr, forced_ptr, out_ptr, vocab,
-                       GOLDEN: tl.constexpr, BLOCK_V: tl.constexpr):
+    def _sample_partial_kernel(logits_ptr, stride_l, temp_ptr, seed_ptr, step_ptr, part_f_ptr, part_i_ptr, vocab,
+                               blocks_per_split, GOLDEN: tl.constexpr, BLOCK_V: tl.constexpr):
+        """Program (row, split): the split's blocks of the row -> its noisy max and first position, and the
+        online log-softmax's (max, exp-sum), in part_f [rows, splits, 3] fp32 / part_i [rows, splits] int32."""
         row = tl.program_id(0).to(tl.int64)
+        split = tl.program_id(1)
+        splits = tl.num_programs(1)
         temp = tl.load(temp_ptr + row)
         greedy = temp <= 0.0
         temp = tl.where(greedy, 1.0, temp)
         seed = tl.load(seed_ptr + row)
         step = tl.load(step_ptr + row)
-        forced = tl.load(forced_ptr + row)  # int64; -1: sample
         lo = (seed & 0xFFFFFFFF).to(tl.uint32)
         hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
         golden = tl.full([], GOLDEN, tl.uint32)
@@ -55,7 +65,9 @@ if HAS_TRITON:
         run_max = tl.full([], float("-inf"), tl.float32)
         run_sum = tl.full([], 0.0, tl.float32)
         base = logits_ptr + row * stride_l
-        for start in range(0, vocab, BLOCK_V):
+        first = split * blocks_per_split * BLOCK_V
+        last = tl.minimum(first + blocks_per_split * BLOCK_V, vocab)
+        for start in range(first, last, BLOCK_V):
             cols = start + tl.arange(0, BLOCK_V)
             mask = cols < vocab
             scaled = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32) / temp
@@ -72,13 +84,50 @@ if HAS_TRITON:
             new_max = tl.maximum(run_max, tl.max(scaled, axis=0))
             run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(scaled - new_max), axis=0)
             run_max = new_max
-        is_forced = forced >= 0
-        token = tl.where(is_forced, forced, best_idx.to(tl.int64))
-        # the token's scaled logit, read once after the loop: the same load and division as inside it
-        picked = tl.load(base + token).to(tl.float32) / temp
+        at = row * splits + split
+        tl.store(part_f_ptr + at * 3, best)
+        tl.store(part_f_ptr + at * 3 + 1, run_max)
+        tl.store(part_f_ptr + at * 3 + 2, run_sum)
+        tl.store(part_i_ptr + at, best_idx)
+
+    @triton.jit
+    def _sample_combine_kernel(logits_ptr, stride_l, temp_ptr, forced_ptr, part_f_ptr, part_i_ptr, out_ptr, splits,
+                               SPLITS_P2: tl.constexpr):
+        """Program row: the row's partials in split order -> token (the first position of the largest noisy
+        value: splits are contiguous, so the earliest split wins a tie) and its logprob."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, SPLITS_P2)
+        live = offs < splits
+        at = row * splits + offs
+        bests = tl.load(part_f_ptr + at * 3, mask=live, other=float("-inf"))
+        maxes = tl.load(part_f_ptr + at * 3 + 1, mask=live, other=float("-inf"))
+        sums = tl.load(part_f_ptr + at * 3 + 2, mask=live, other=0.0)
+        idxs = tl.load(part_i_ptr + at, mask=live, other=0)
+        _, winner = tl.max(bests, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        best_idx = tl.sum(tl.where(offs == winner, idxs, 0), axis=0)
+        run_max = tl.max(maxes, axis=0)
+        run_sum = tl.sum(sums * tl.exp(maxes - run_max), axis=0)  # a split of -inf logits adds 0 * 0
+        temp = tl.load(temp_ptr + row)
+        temp = tl.where(temp <= 0.0, 1.0, temp)
+        forced = tl.load(forced_ptr + row)  # int64; -1: sample
+        token = tl.where(forced >= 0, forced, best_idx.to(tl.int64))
+        # the token's scaled logit: the same load and division as the partials kernel's
+        picked = tl.load(logits_ptr + row * stride_l + token).to(tl.float32) / temp
         tl.store(out_ptr + row, token.to(tl.float64))
         logprob = picked - run_max - tl.log(run_sum)
         tl.store(out_ptr + tl.num_programs(0) + row, logprob.to(tl.float64))
+
+
+BLOCK_V = 2048  # vocabulary entries per loop iteration of a program
+MAX_SPLITS = 16  # programs per row; a function of the vocabulary alone, so a row's result never depends on the batch
+
+
+def vocab_splits(vocab: int) -> tuple[int, int]:
+    """-> (splits, blocks per split): the row's ceil(vocab / BLOCK_V) blocks in at most MAX_SPLITS contiguous runs,
+    none empty (151,936 entries: 75 blocks in 15 splits of 5)."""
+    blocks = -(-vocab // BLOCK_V)
+    per = -(-blocks // MAX_SPLITS)
+    return -(-blocks // per), per
 
 
 def sample_fused(
@@ -94,8 +143,15 @@ def sample_fused(
     if forced is None:
         forced = torch.full_like(steps, -1)
     out = torch.empty((2, batch), dtype=torch.float64, device=logits.device)
-    _sample_kernel[(batch,)](
-        logits, logits.stride(0), temperatures, seeds, steps, forced, out, vocab,
-        GOLDEN=rng._GOLDEN, BLOCK_V=2048, num_warps=8,
+    splits, per = vocab_splits(vocab)
+    part_f = torch.empty((batch, splits, 3), dtype=torch.float32, device=logits.device)  # best, max, exp-sum
+    part_i = torch.empty((batch, splits), dtype=torch.int32, device=logits.device)  # position of best
+    _sample_partial_kernel[(batch, splits)](
+        logits, logits.stride(0), temperatures, seeds, steps, part_f, part_i, vocab, per,
+        GOLDEN=rng._GOLDEN, BLOCK_V=BLOCK_V, num_warps=8,
+    )
+    _sample_combine_kernel[(batch,)](
+        logits, logits.stride(0), temperatures, forced, part_f, part_i, out, splits,
+        SPLITS_P2=triton.next_power_of_2(splits), num_warps=1,
     )
     return out
