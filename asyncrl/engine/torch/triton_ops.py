@@ -33,6 +33,9 @@ _BLOCK_N = 64  # decode attention: tokens per tile
 # decode attention: tokens per partial of the split kernel (a multiple of _BLOCK_N). 256: on the H200 (fab375b, 0.5B
 # shape, batch 256, contexts 192-512 in a CUDA graph) one pass 0.0177 ms, split by 128 0.0196 ms, by 256 0.0167 ms.
 SPLIT_CHUNK = 256
+# warps of the split kernel's partials program: 2 (17.05 us a call) beat 4 (18.22 us) in an 81-variant sweep of
+# chunk x tile x warps x stages (H200, 87a48f5, same shape, contexts 192-528; bench.decode_attention --sweep).
+SPLIT_WARPS = 2
 _SPLIT_PROGRAMS = 4096  # split decode attention: launch at most ~this many programs; more chunks loop
 
 
@@ -311,7 +314,7 @@ def decode_attention_single(
 def decode_attention_split(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, chunk: int = SPLIT_CHUNK, *, block_n: int = _BLOCK_N,
-    num_warps: int = 4, num_stages: int = 2,
+    num_warps: int = SPLIT_WARPS, num_stages: int = 2,
 ) -> torch.Tensor:
     """`decode_attention` split over the context (flash-decoding), in two launches. (block_n, num_warps,
     num_stages: the partials kernel's tile and launch; bench.decode_attention --sweep tries others.)
