@@ -66,6 +66,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--calls", type=int, default=50, help="calls captured in one graph")
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--warps", type=int, default=0, help="warps of the split kernel (default: triton_ops.SPLIT_WARPS)")
     p.add_argument("--sweep", action="store_true",
                    help="also time the split kernel over chunk x tile x warps x stages (one JSON line each, fastest last)")
     args = p.parse_args()
@@ -90,14 +91,15 @@ def main() -> None:
     scale = args.head_dim**-0.5
     single = graph_ms(lambda: triton_ops.decode_attention_single(q, k_cache, v_cache, tables, lens, scale),
                       args.calls, args.replays)
-    split = graph_ms(lambda: triton_ops.decode_attention_split(q, k_cache, v_cache, tables, lens, scale, chunk),
-                     args.calls, args.replays)
+    warps = args.warps or triton_ops.SPLIT_WARPS
+    split = graph_ms(lambda: triton_ops.decode_attention_split(q, k_cache, v_cache, tables, lens, scale, chunk,
+                                                               num_warps=warps), args.calls, args.replays)
     kv_bytes = int(lens.sum()) * 2 * args.kv_heads * args.head_dim * k_cache.element_size()
     print(json.dumps({
         "bench": "decode_attention", "batch": args.batch, "context_mean": round(lens.float().mean().item(), 1),
         "context_min": int(lens.min()), "context_max": int(lens.max()), "max_len": args.max_len,
         "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "page": args.page,
-        "chunk": chunk, "dtype": args.dtype, "single_ms": round(single, 5), "split_ms": round(split, 5),
+        "chunk": chunk, "warps": warps, "dtype": args.dtype, "single_ms": round(single, 5), "split_ms": round(split, 5),
         "single_over_split": round(single / split, 3), "kv_mb": round(kv_bytes / 1e6, 2),
         "split_gbps": round(kv_bytes / (split / 1e3) / 1e9, 1), "device": torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__, "commit": commit(),
