@@ -33,8 +33,11 @@ _BLOCK_N = 64  # decode attention: tokens per tile
 # decode attention: tokens per partial of the split kernel (a multiple of _BLOCK_N). 256: on the H200 (fab375b, 0.5B
 # shape, batch 256, contexts 192-512 in a CUDA graph) one pass 0.0177 ms, split by 128 0.0196 ms, by 256 0.0167 ms.
 SPLIT_CHUNK = 256
-# warps of the split kernel's partials program: 2 (17.05 us a call) beat 4 (18.22 us) in an 81-variant sweep of
-# chunk x tile x warps x stages (H200, 87a48f5, same shape, contexts 192-528; bench.decode_attention --sweep).
+# warps of a decode attention program, one-pass and split partials alike: the warp count changes how a tile's dot
+# products are laid out, and with it the bits, and a row of one chunk must get the one-pass kernel's bits from the
+# split kernel (deterministic mode). 2 (17.05 us a call) beat 4 (18.22 us) in an 81-variant sweep of chunk x tile x
+# warps x stages (H200, 87a48f5, 0.5B shape, contexts 192-528; bench.decode_attention --sweep); at contexts
+# 512-1536 the two are within 1 %.
 SPLIT_WARPS = 2
 _SPLIT_PROGRAMS = 4096  # split decode attention: launch at most ~this many programs; more chunks loop
 
@@ -306,7 +309,7 @@ def decode_attention_single(
     _decode_attention_kernel[(batch, kv)](
         q, k_cache, v_cache, block_tables, context_lens, out, block_tables.stride(0), scale,
         KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=_BLOCK_N,
-        IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
+        IEEE=q.dtype == torch.float32, num_warps=SPLIT_WARPS, num_stages=2,
     )
     return out
 
