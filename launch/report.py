@@ -36,7 +36,9 @@ def final_report(run_dir: Path, accounting: dict[str, Any], elapsed_s: float, to
     if "submitted" in accounting:
         lines.append(f"samples: {accounting.get('trained', 0)} trained of {accounting['submitted']} submitted, "
                      f"{accounting.get('failed', 0)} failed, {accounting.get('dropped_stale', 0)} dropped stale, "
-                     f"{accounting.get('lost', 0)} lost")
+                     + (f"{accounting['filtered']} filtered (groups without signal, refill), "
+                        if accounting.get("filtered") else "")
+                     + f"{accounting.get('lost', 0)} lost")
         if accounting.get("client_submitted"):  # client prompts: their failures are not the run's (hub accounting)
             lines.append(f"client prompts: {accounting['client_submitted']} submitted, "
                          f"{accounting.get('client_failed', 0)} failed")

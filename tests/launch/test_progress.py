@@ -38,8 +38,10 @@ def test_final_report_has_elapsed_reward_first_to_last_samples_lost_and_export(t
     text = final_report(tmp_path, {"submitted": 160, "trained": 128, "failed": 0, "dropped_stale": 0, "lost": 0},
                         elapsed_s=151, total_steps=2, outcome="finished")
     assert "run finished in 2m31s: step 2/2, reward 0.125 -> 0.500" in text
-    assert "128 trained of 160 submitted" in text and "0 lost" in text
+    assert "128 trained of 160 submitted" in text and "0 lost" in text and "filtered" not in text
     assert f"model: {tmp_path / 'export'}" in text
+    refill = final_report(tmp_path, {"submitted": 176, "trained": 128, "filtered": 16, "lost": 0}, 151, 2, "finished")
+    assert "16 filtered (groups without signal, refill), 0 lost" in refill
 
 
 def test_final_report_counts_client_prompts_apart(tmp_path):
