@@ -19,6 +19,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from asyncrl.learner.config import SIGNAL_SPREAD
+
 ReduceFn = Callable[[Tensor], Tensor]
 EPS = 1e-6
 
@@ -69,7 +71,7 @@ def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return torch.where(count > 1, rewards - baseline, torch.zeros_like(rewards))
 
 
-def dapo_keep_mask(rewards: Tensor, group_ids: Tensor, tol: float = 1e-8) -> Tensor:
+def dapo_keep_mask(rewards: Tensor, group_ids: Tensor, tol: float = SIGNAL_SPREAD) -> Tensor:
     """DAPO dynamic sampling: False for samples of groups whose rewards are all equal (zero advantage,
     no signal). The paper passes accuracy here (the raw reward before overlong shaping).  [S] -> [S] bool"""
     g = int(group_ids.max()) + 1 if group_ids.numel() else 0

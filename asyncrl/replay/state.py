@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from asyncrl.learner.config import SIGNAL_SPREAD
 from asyncrl.records import Batch, Group, Prompt, Sample, SampleState, ScoredSample, ScoreResult, ScoreStatus
 from asyncrl.wire import PackedSample
 from asyncrl.replay.batches import BatchBook
@@ -252,14 +253,15 @@ class HubState:
         return dropped
 
     def filter_uniform(self) -> int:
-        """DAPO dynamic sampling with refill (`learner.filter_refill`): every ready group whose OK samples all
-        have one reward (no signal: zero advantage for each) leaves now, its samples FILTERED. Leaving frees its
+        """DAPO dynamic sampling with refill (`learner.filter_refill`): every ready group whose OK samples' rewards
+        spread by no more than SIGNAL_SPREAD (no signal: zero advantage for each, the learner's filter rule) leaves now, its samples FILTERED. Leaving frees its
         admission slot, so a new prompt is generated in its place and batches fill with groups that have
         signal. Returns how many groups left."""
         dropped = 0
         for pid in list(self.ready):
             g = self.groups[pid]
-            if len({sc.reward for sc in g.ok_samples()}) > 1:
+            rewards = [sc.reward for sc in g.ok_samples()]
+            if max(rewards) - min(rewards) > SIGNAL_SPREAD:
                 continue
             for i in g.indices(S.SCORED):
                 self._set(g, i, S.SCORED, S.FILTERED)

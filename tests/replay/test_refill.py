@@ -29,16 +29,31 @@ def scored(st: HubState, rewards: dict[str, list[float | None]]) -> None:
 def test_groups_with_one_reward_leave_and_the_rest_stay_in_order():
     st = HubState()
     scored(st, {"same": [1.0, 1.0, 1.0], "mixed": [1.0, 0.0, 1.0], "zeros": [0.0, 0.0, 0.0],
-                "one_ok": [0.5, None, None], "mixed_failed": [0.0, None, 1.0]})
+                "one_ok": [0.5, None, None], "mixed_failed": [0.0, None, 1.0], "within_tol": [0.3, 0.3 + 1e-9, 0.3],
+                "just_apart": [0.3, 0.3 + 1e-7, 0.3]})
     admitted = st.admitted
-    assert st.filter_uniform() == 3
-    assert list(st.ready) == ["mixed", "mixed_failed"]
-    assert st.events["groups_filtered"] == 3 and st.admitted == admitted - 3
-    assert st.counts.by_state[S.FILTERED] == 7 and st.counts.transitions["scored->filtered"] == 7
+    assert st.filter_uniform() == 4
+    assert list(st.ready) == ["mixed", "mixed_failed", "just_apart"]  # the learner's filter keeps the same ones
+    assert st.events["groups_filtered"] == 4 and st.admitted == admitted - 4
+    assert st.counts.by_state[S.FILTERED] == 10 and st.counts.transitions["scored->filtered"] == 10
     assert st.counts.by_state[S.FAILED] == 3 and st.counts.lost == 0
     assert st.filter_uniform() == 0  # nothing left to drop
     batch = st.form_batch(1, 2)
     assert [len(g.samples) for g in batch.groups] == [3, 2]
+
+
+def test_the_hub_and_the_learner_draw_the_same_line():
+    import torch
+
+    from asyncrl.learner.advantages import dapo_keep_mask
+
+    groups = {"a": [0.3, 0.3 + 1e-9], "b": [0.3, 0.3 + 1e-7], "c": [1.0, 1.0], "d": [0.0, 1.0]}
+    st = HubState()
+    scored(st, groups)
+    st.filter_uniform()
+    rewards = torch.tensor([r for rs in groups.values() for r in rs], dtype=torch.float64)
+    keep = dapo_keep_mask(rewards, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
+    assert list(st.ready) == [g for i, g in enumerate(groups) if keep[2 * i]] == ["b", "d"]
 
 
 def test_a_restart_replays_the_filter(tmp_path):
