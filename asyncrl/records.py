@@ -31,7 +31,7 @@ class SampleState(enum.StrEnum):
     DELIVERED = "delivered"
     TRAINED = "trained"
     DROPPED = "dropped"
-    FILTERED = "filtered"  # its group had no signal (every sample the same reward) and was not trained
+    FILTERED = "filtered"  # its group had no signal (the samples' rewards did not differ) and was not trained
     FAILED = "failed"
 
 

@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--calls", type=int, default=50, help="calls captured in one graph")
     p.add_argument("--replays", type=int, default=20)
-    p.add_argument("--warps", type=int, default=0, help="warps of the split kernel (default: triton_ops.SPLIT_WARPS)")
+    p.add_argument("--warps", type=int, default=0, help="warps of the split kernel (default: triton_ops.DECODE_WARPS)")
     p.add_argument("--sweep", action="store_true",
                    help="also time the split kernel over chunk x tile x warps x stages (one JSON line each, fastest last)")
     args = p.parse_args()
@@ -91,7 +91,7 @@ def main() -> None:
     scale = args.head_dim**-0.5
     single = graph_ms(lambda: triton_ops.decode_attention_single(q, k_cache, v_cache, tables, lens, scale),
                       args.calls, args.replays)
-    warps = args.warps or triton_ops.SPLIT_WARPS
+    warps = args.warps or triton_ops.DECODE_WARPS
     split = graph_ms(lambda: triton_ops.decode_attention_split(q, k_cache, v_cache, tables, lens, scale, chunk,
                                                                num_warps=warps), args.calls, args.replays)
     kv_bytes = int(lens.sum()) * 2 * args.kv_heads * args.head_dim * k_cache.element_size()

@@ -29,9 +29,9 @@ DEFAULT_LOSS_AGG: dict[str, str] = {
 # The DAPO paper's recipe (Yu et al. 2025, sec. 3 and 4.1): clip-higher 0.28 and a soft overlong buffer of
 # 4,096 of 20,480 generated tokens, i.e. the last fifth of max_new_tokens.
 DAPO_CLIP_EPS_HIGH = 0.28
+DAPO_OVERLONG_BUFFER, DAPO_MAX_NEW_TOKENS = 4096, 20480
 # A group whose rewards spread by no more than this has no signal (the group filter; the hub's refill uses the same).
 SIGNAL_SPREAD = 1e-8
-DAPO_OVERLONG_BUFFER, DAPO_MAX_NEW_TOKENS = 4096, 20480
 
 
 @dataclass(kw_only=True, slots=True)

@@ -25,9 +25,8 @@ class BackgroundHub:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.hub: Hub | None = None
-        self.thread = threading.Thread(target=self._run, args=(cfg, batch, run_dir, endpoint, secret, metrics_port, filter_uniform),
-                                       daemon=True,
-                                       name="asyncrl-hub")
+        args = (cfg, batch, run_dir, endpoint, secret, metrics_port, filter_uniform)
+        self.thread = threading.Thread(target=self._run, args=args, daemon=True, name="asyncrl-hub")
         self.thread.start()
         if not self._ready.wait(30):
             raise TimeoutError("hub thread did not start within 30 s")

@@ -38,7 +38,7 @@ SPLIT_CHUNK = 256
 # split kernel (deterministic mode). 2 (17.05 us a call) beat 4 (18.22 us) in an 81-variant sweep of chunk x tile x
 # warps x stages (H200, 87a48f5, 0.5B shape, contexts 192-528; bench.decode_attention --sweep); at contexts
 # 512-1536 the two are within 1 %.
-SPLIT_WARPS = 2
+DECODE_WARPS = 2
 _SPLIT_PROGRAMS = 4096  # split decode attention: launch at most ~this many programs; more chunks loop
 
 
@@ -309,7 +309,7 @@ def decode_attention_single(
     _decode_attention_kernel[(batch, kv)](
         q, k_cache, v_cache, block_tables, context_lens, out, block_tables.stride(0), scale,
         KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=_BLOCK_N,
-        IEEE=q.dtype == torch.float32, num_warps=SPLIT_WARPS, num_stages=2,
+        IEEE=q.dtype == torch.float32, num_warps=DECODE_WARPS, num_stages=2,
     )
     return out
 
@@ -317,7 +317,7 @@ def decode_attention_single(
 def decode_attention_split(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, chunk: int = SPLIT_CHUNK, *, block_n: int = _BLOCK_N,
-    num_warps: int = SPLIT_WARPS, num_stages: int = 2,
+    num_warps: int = DECODE_WARPS, num_stages: int = 2,
 ) -> torch.Tensor:
     """`decode_attention` split over the context (flash-decoding), in two launches. (block_n, num_warps,
     num_stages: the partials kernel's tile and launch; bench.decode_attention --sweep tries others.)
