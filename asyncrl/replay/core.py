@@ -262,7 +262,7 @@ class HubCore:
         if self.journal.filter_uniform():
             total = self.state.events["groups_filtered"]
             if _worth_logging(total):
-                log.info("step %d: %d groups without signal filtered so far (every sample the same reward); "
+                log.info("step %d: %d groups without signal filtered so far (their rewards did not differ); "
                          "the batch waits for %d groups with signal, %d ready", step, total,
                          self.batch.prompts_per_step, len(self.state.ready))
 

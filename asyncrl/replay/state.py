@@ -13,7 +13,8 @@ methods to rebuild the same state: queue order, leases, delivered batches, count
 Admission (AReaL): a prompt is leased only while ``admitted < (max_staleness + version + 1) *
 prompts_per_step`` where ``admitted`` = accepted (ready, delivered or trained groups) + running (leased
 or generated, not yet in a batch). Groups that end failed, wholly stale or filtered (no signal) leave
-``admitted`` so they never block admission. Sample accounting lives in `SampleCounts` (checked after every mutation).
+``admitted`` so they never block admission. Sample accounting lives in `SampleCounts` (checked after every
+mutation).
 
 Client prompts (`submit(..., client=True)`: a `SubmitPrompts` with `watch`, as `asyncrl.Client` sends) are
 leased, scored and trained like the run's own, but their failed samples count as `client_failed` and their
@@ -253,10 +254,11 @@ class HubState:
         return dropped
 
     def filter_uniform(self) -> int:
-        """DAPO dynamic sampling with refill (`learner.filter_refill`): every ready group whose OK samples' rewards
-        spread by no more than SIGNAL_SPREAD (no signal: zero advantage for each, the learner's filter rule) leaves now, its samples FILTERED. Leaving frees its
-        admission slot, so a new prompt is generated in its place and batches fill with groups that have
-        signal. Returns how many groups left."""
+        """DAPO dynamic sampling with refill (`learner.filter_refill`): every ready group whose OK samples'
+        rewards spread by no more than SIGNAL_SPREAD (no signal: zero advantage for each; the learner's filter
+        rule) leaves now, its samples FILTERED. Leaving frees its admission slot, so a new prompt is generated
+        in its place and batches fill with groups that have signal. Returns how many groups left. It walks
+        every ready group each time (a few hundred at most, bounded by admission)."""
         dropped = 0
         for pid in list(self.ready):
             g = self.groups[pid]
