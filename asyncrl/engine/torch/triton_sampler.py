@@ -1,8 +1,12 @@
 """Fused GPU sampling: one pass over each row's logits gives the sampled token and its logprob.
 
-Computes exactly what `asyncrl.engine.torch.sampler.sample` does without truncation (temperature,
-Gumbel-max with the counter-based noise of `asyncrl.engine.torch.rng`, full-vocabulary logprob), but reads
-the bf16 logits once instead of materialising [batch, vocab] fp32 logits, noise and log-softmax.
+Computes what `asyncrl.engine.torch.sampler.sample` does without truncation (temperature, Gumbel-max with
+the counter-based noise of `asyncrl.engine.torch.rng`, full-vocabulary logprob), but reads the bf16 logits
+once instead of materialising [batch, vocab] fp32 logits, noise and log-softmax. The noise is
+-log(-log u): on a GPU the outer log is the hardware's approximate one (`lg2.approx`, absolute error
+~1e-7 on the noise), so a token can differ from the torch sampler's only where two noisy values tie within
+that; the inner log stays exact, because u near 1 needs it (-log u is then ~1e-7 itself, and it makes the
+largest noise). Each log was a ~30-instruction libdevice call per vocabulary entry.
 It needs no host sync and no generator state, so it runs inside the decode CUDA graph.
 
 A forced row (scoring: `forced[row] >= 0`) returns the forced token and its logprob, taken from the
@@ -33,6 +37,7 @@ from asyncrl.engine.torch.triton_ops import HAS_TRITON
 if HAS_TRITON:
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 
     @triton.jit
     def _mix32(x):
@@ -44,7 +49,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _sample_partial_kernel(logits_ptr, stride_l, temp_ptr, seed_ptr, step_ptr, part_f_ptr, part_i_ptr, vocab,
-                               blocks_per_split, GOLDEN: tl.constexpr, BLOCK_V: tl.constexpr):
+                               blocks_per_split, GOLDEN: tl.constexpr, BLOCK_V: tl.constexpr,
+                               APPROX_LOG: tl.constexpr):
         """Program (row, split): the split's blocks of the row -> its noisy max and first position, and the
         online log-softmax's (max, exp-sum), in part_f [rows, splits, 3] fp32 / part_i [rows, splits] int32."""
         row = tl.program_id(0).to(tl.int64)
@@ -73,7 +79,11 @@ if HAS_TRITON:
             scaled = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32) / temp
             x = _mix32(_mix32(cols.to(tl.uint32) ^ k1) ^ k2)
             u = ((x >> 9).to(tl.float32) + 0.5) * (2.0**-23)
-            noise = -tl.log(-tl.log(u))
+            e = -tl.log(u)  # exact: for u near 1 this is tiny and sets the largest noise
+            if APPROX_LOG:  # a GPU: one MUFU op (the interpreter has no libdevice)
+                noise = -libdevice.fast_logf(e)
+            else:
+                noise = -tl.log(e)
             val = tl.where(greedy, scaled, scaled + noise)
             val = tl.where(mask, val, float("-inf"))
             # the block's max and its first position in one reduction (ties keep the earlier index, like argmax)
@@ -148,7 +158,7 @@ def sample_fused(
     part_i = torch.empty((batch, splits), dtype=torch.int32, device=logits.device)  # position of best
     _sample_partial_kernel[(batch, splits)](
         logits, logits.stride(0), temperatures, seeds, steps, part_f, part_i, vocab, per,
-        GOLDEN=rng._GOLDEN, BLOCK_V=BLOCK_V, num_warps=8,
+        GOLDEN=rng._GOLDEN, BLOCK_V=BLOCK_V, APPROX_LOG=logits.is_cuda, num_warps=8,
     )
     _sample_combine_kernel[(batch,)](
         logits, logits.stride(0), temperatures, forced, part_f, part_i, out, splits,
