@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from asyncrl.learner.config import SIGNAL_SPREAD
 from asyncrl.records import Prompt, Sample, SampleState, ScoredSample
 from asyncrl.wire import PackedSample
 
@@ -67,3 +68,8 @@ class GroupEntry:
 
     def ok_samples(self) -> list[ScoredSample]:
         return [sc for sc, st in zip(self.scored, self.states) if st is SampleState.SCORED and sc is not None]
+
+    def has_signal(self) -> bool:
+        """Whether the OK samples' rewards spread by more than SIGNAL_SPREAD (else every advantage is zero)."""
+        rewards = [sc.reward for sc in self.ok_samples()]
+        return max(rewards) - min(rewards) > SIGNAL_SPREAD

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asyncrl.learner.config import SIGNAL_SPREAD
 from asyncrl.records import Batch, Group, Prompt, Sample, SampleState, ScoredSample, ScoreResult, ScoreStatus
 from asyncrl.wire import PackedSample
 from asyncrl.replay.batches import BatchBook
@@ -254,16 +253,15 @@ class HubState:
         return dropped
 
     def filter_uniform(self) -> int:
-        """DAPO dynamic sampling with refill (`learner.filter_refill`): every ready group whose OK samples'
-        rewards spread by no more than SIGNAL_SPREAD (no signal: zero advantage for each; the learner's filter
-        rule) leaves now, its samples FILTERED. Leaving frees its admission slot, so a new prompt is generated
-        in its place and batches fill with groups that have signal. Returns how many groups left. It walks
-        every ready group each time (a few hundred at most, bounded by admission)."""
+        """DAPO dynamic sampling with refill (`learner.filter_refill`): every ready group without signal
+        (`GroupEntry.has_signal`, the learner's filter rule: zero advantage for each sample) leaves now, its
+        samples FILTERED. Leaving frees its admission slot, so a new prompt is generated in its place and
+        batches fill with groups that have signal. Returns how many groups left. It walks every ready group
+        each time (a few hundred at most, bounded by admission)."""
         dropped = 0
         for pid in list(self.ready):
             g = self.groups[pid]
-            rewards = [sc.reward for sc in g.ok_samples()]
-            if max(rewards) - min(rewards) > SIGNAL_SPREAD:
+            if g.has_signal():
                 continue
             for i in g.indices(S.SCORED):
                 self._set(g, i, S.SCORED, S.FILTERED)
