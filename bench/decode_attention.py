@@ -5,8 +5,8 @@ GPU time of one layer's decode attention over the paged KV cache: the one-pass T
 Qwen2-0.5B attention shape by default (14 query heads, 2 KV heads, head_dim 64, 16-token pages).
 
 Rows get contexts spread evenly over [context / 2, 3 * context / 2] (capped at --max-len), the mean
-being --context; block tables are a shuffled permutation of the cache's blocks and --max-len / page
-columns wide, as in the engine's captured graphs (the split kernel's launch grows with that width).
+being --context; block tables are a shuffled permutation of the cache's blocks (--layout contiguous: each row's
+blocks in one run) and --max-len / page columns wide, as in the engine's captured graphs (the split kernel's launch grows with that width).
 Each kernel is captured `--calls` times in one CUDA graph (as the engine runs it; eager launches of
 these small kernels would time the host), replayed after a warm-up, and timed with CUDA events.
 
@@ -25,9 +25,21 @@ import torch
 from bench.generation import commit
 
 
-def contexts(batch: int, mean: int, max_len: int) -> torch.Tensor:
+def contexts(batch: int, mean: int, max_len: int, uniform: bool = False) -> torch.Tensor:
+    if uniform:
+        return torch.full((batch,), min(mean, max_len), dtype=torch.long)
     lo, hi = max(1, mean // 2), min(max_len, mean + mean // 2)
     return torch.linspace(lo, hi, batch).round().long()  # [batch]
+
+
+def block_tables(layout: str, batch: int, width: int, skew: int) -> torch.Tensor:
+    """[batch, width] block ids on the GPU, laid out as --layout says."""
+    if layout == "shuffled":
+        return torch.randperm(batch * width + 1, device="cuda")[: batch * width].view(batch, width)
+    if layout == "contiguous":
+        return torch.arange(batch * width, device="cuda").view(batch, width)
+    k = torch.arange(width, device="cuda")[None, :]
+    return k * (batch + skew) + torch.arange(batch, device="cuda")[:, None]
 
 
 def graph_ms(fn: Callable[[], torch.Tensor], calls: int, replays: int) -> float:
@@ -62,6 +74,13 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--page", type=int, default=16)
+    p.add_argument("--layout", choices=["shuffled", "contiguous", "interleaved"], default="shuffled",
+                   help="block tables: a random permutation of the blocks (a cache after many requests), each "
+                        "row's blocks in one run (a fresh cache), or interleaved: block k of row r is k * "
+                        "(batch + --skew) + r, as when every row takes its next block in the same decode step")
+    p.add_argument("--uniform", action="store_true",
+                   help="every row at --context (as in a batch of equal prompts decoding in step)")
+    p.add_argument("--skew", type=int, default=0, help="interleaved layout: stride of a row's blocks minus the batch")
     p.add_argument("--chunk", type=int, default=0, help="tokens per split (default: triton_ops.SPLIT_CHUNK)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--calls", type=int, default=50, help="calls captured in one graph")
@@ -69,6 +88,8 @@ def main() -> None:
     p.add_argument("--warps", type=int, default=0, help="warps of the split kernel (default: triton_ops.DECODE_WARPS)")
     p.add_argument("--sweep", action="store_true",
                    help="also time the split kernel over chunk x tile x warps x stages (one JSON line each, fastest last)")
+    p.add_argument("--sweep-chunks", type=lambda v: [int(c) for c in v.split(",")], default=[128, 256, 512],
+                   help="comma list of the chunk lengths the sweep tries")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench.decode_attention times Triton kernels on a CUDA GPU: no CUDA device found")
@@ -82,11 +103,11 @@ def main() -> None:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     chunk = args.chunk or triton_ops.SPLIT_CHUNK
     width = -(-args.max_len // args.page)
-    num_blocks = args.batch * width + 1
+    tables = block_tables(args.layout, args.batch, width, args.skew)
+    num_blocks = int(tables.max()) + 1
     k_cache = torch.randn(num_blocks, args.page, args.kv_heads, args.head_dim, device="cuda", dtype=dtype)
     v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(num_blocks, device="cuda")[: args.batch * width].view(args.batch, width)
-    lens = contexts(args.batch, args.context, args.max_len).cuda()
+    lens = contexts(args.batch, args.context, args.max_len, args.uniform).cuda()
     q = torch.randn(args.batch, args.heads, args.head_dim, device="cuda", dtype=dtype)
     scale = args.head_dim**-0.5
     single = graph_ms(lambda: triton_ops.decode_attention_single(q, k_cache, v_cache, tables, lens, scale),
@@ -98,7 +119,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "decode_attention", "batch": args.batch, "context_mean": round(lens.float().mean().item(), 1),
         "context_min": int(lens.min()), "context_max": int(lens.max()), "max_len": args.max_len,
-        "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "page": args.page,
+        "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "page": args.page, "layout": args.layout, "skew": args.skew,
         "chunk": chunk, "warps": warps, "dtype": args.dtype, "single_ms": round(single, 5), "split_ms": round(split, 5),
         "single_over_split": round(single / split, 3), "kv_mb": round(kv_bytes / 1e6, 2),
         "split_gbps": round(kv_bytes / (split / 1e3) / 1e9, 1), "device": torch.cuda.get_device_name(),
@@ -112,9 +133,9 @@ def sweep(q, k_cache, v_cache, tables, lens, scale, args) -> None:
     from asyncrl.engine.torch import triton_ops
 
     rows = []
-    for chunk in (128, 256, 512):
+    for chunk in args.sweep_chunks:
         for block_n in (32, 64, 128):
-            for warps in (2, 4, 8):
+            for warps in (2, 4):
                 for stages in (1, 2, 3):
                     if chunk % block_n:
                         continue

@@ -1,8 +1,9 @@
 """Where a decode step's GPU time goes, kernel by kernel: the captured decode graph replayed under
 torch.profiler, kernels grouped by name, microseconds per step (one JSON line).
 
-The engine first generates `--warm` tokens for `--batch` prompts of `--prompt-len` tokens, so the staged
-rows are a real mid-generation step (contexts ~ prompt + warm). Each kernel group is reported with its
+The engine generates `--warm` tokens for `--batch` prompts of `--prompt-len` tokens and pauses there, so the
+staged rows are a real mid-generation step (contexts ~ prompt + warm); the replays repeat that step (the
+one-pass attention variant when the runner would pick it). Each kernel group is reported with its
 calls per step, microseconds per step and the share of the step; `gap_us` is the step's time outside
 any kernel (launch gaps inside the graph).
 
@@ -18,6 +19,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from bench.generation import build_hf, commit, make_engine, prompts, require_cuda, run_engine
@@ -88,6 +90,22 @@ def gemm_choices(eng, batch: int) -> list[dict]:
     return out
 
 
+def pause_mid_run(eng, batch_prompts: list[list[int]], steps: int) -> None:
+    """Start generating for the prompts and stop once `steps` decode steps ran: the staged buffers then hold a
+    real step of the run (every row its own sequence and table), which the replays repeat. (After a run ends
+    they hold leftovers: rows of a shrinking batch repeat tables, and those rows' KV comes from the L2.)"""
+    from asyncrl.engine.protocol import GenerationRequest
+    from asyncrl.records import SamplingParams
+
+    params = SamplingParams(max_new_tokens=steps + 32, temperature=1.0, ignore_eos=True, seed=None)
+    for i, p in enumerate(batch_prompts):
+        eng.add(GenerationRequest(request_id=f"mid{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
+    start = eng.counters["decode_steps"]
+    while eng.counters["decode_steps"] - start < steps:
+        eng.step()
+    torch.cuda.synchronize()
+
+
 def summary(rows: list[dict], busy: float, span: float, top: int) -> dict:
     return {"kernel_us_per_step": round(busy, 1), "span_us_per_step": round(span, 1), "gap_us": round(span - busy, 1),
             "kernels_per_step": round(sum(r["calls"] for r in rows), 1), "top": rows[:top]}
@@ -108,18 +126,23 @@ def main() -> None:
     max_len = args.prompt_len + args.warm + 64
     hf = build_hf(args.shape, max_len)
     eng = make_engine(hf, args.batch, max_len)
-    run_engine(eng, prompts(args.batch, args.prompt_len, seed=1), args.warm)
-    graphs = eng.runner.graphs
+    run_engine(eng, prompts(args.batch, args.prompt_len, seed=1), 8)  # warm-up
+    graphs, runner = eng.runner.graphs, eng.runner
     if graphs is None or args.batch not in graphs:
         raise SystemExit(f"no captured decode graph of size {args.batch}")
-    graph = measure(lambda: graphs.replay(args.batch))
+    pause_mid_run(eng, prompts(args.batch, args.prompt_len, seed=2), args.warm)
+    from asyncrl.engine.torch import triton_ops
+
+    single = args.batch in runner.single_pass_sizes and runner.buffers.max_context <= triton_ops.SINGLE_PASS_MAX_CONTEXT
+    graph = measure(lambda: graphs.replay(args.batch, single))
 
     @torch.inference_mode()
     def eager() -> None:
-        eng.runner.decode_step(args.batch)
+        eng.runner.decode_step(args.batch, None, single)
 
     eager_rows = measure(eager)
     gemms = gemm_choices(eng, args.batch) if args.autotune else None
+    eng.abort()
     eng.close()
     print(json.dumps({"bench": "decode_kernels", "shape": args.shape, "batch": args.batch,
                       "context": args.prompt_len + args.warm, "graph": summary(*graph, args.top),

@@ -37,6 +37,12 @@ def make_tiny(folder: Path, arch: str, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_factory():
+    """make_tiny, for a test that needs its own variant of a tiny model."""
+    return make_tiny
+
+
+@pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     return {arch: make_tiny(root / arch, arch) for arch in ("qwen2", "llama", "qwen3")}

@@ -17,7 +17,8 @@ def seq(i: int, table: list[int], outputs: int) -> Sequence:
 
 
 def check(buf: DecodeBuffers, seqs: list[Sequence]) -> None:
-    """What the device buffers hold for each row equals a full write of it."""
+    """What the device buffers hold for each row, once unpacked, equals a full write of it."""
+    buf.unpack(len(seqs))
     v = buf.views(len(seqs), buf.width)
     for i, s in enumerate(seqs):
         assert v["block_tables"][i, : len(s.block_table)].tolist() == s.block_table, i
@@ -64,16 +65,35 @@ def test_pinned_rows_alternate_and_tables_stay_full_writes():
 
 def test_stage_ahead_takes_input_ids_from_the_previous_samples():
     """A step run one token ahead: position, slot, context and sampling step are one past the host's, and the
-    input ids come from the previous step's samples ([2, size] float64) at the staged source rows."""
+    input ids come from the previous step's samples (`sampled`, [2, max_batch] float64) at the staged source rows,
+    when the step unpacks its inputs; a row staged from the host keeps the host's id."""
     buf = DecodeBuffers(4, 8, scratch_block=0, block_size=4, device=torch.device("cpu"))
     a, b = seq(0, [10, 11], 3), seq(1, [20, 21], 4)  # 6 and 7 tokens: a's next slot is in block 11, b's too
     prev = torch.tensor([[50.0, 61.0, 72.0, 0.0], [-0.5, -1.5, -2.5, 0.0]], dtype=torch.float64)
+    buf.sampled.copy_(prev)
     buf.stage([b, a], 2, src=[2, 0])
-    buf.gather_input_ids(prev[0], 2)
+    buf.unpack(2)
     v = buf.views(2)
     assert v["input_ids"].tolist() == [72, 50]
     assert v["positions"].tolist() == [7, 6] and v["context_lens"].tolist() == [8, 7]
     assert v["slot_mapping"].tolist() == [21 * 4 + 3, 11 * 4 + 2]
     assert v["steps"].tolist() == [5, 4] and v["forced"].tolist() == [-1, -1]
     buf.stage([a], 1)  # a step from the host's tokens again
+    buf.unpack(1)
     assert buf.views(1)["input_ids"].tolist() == [a.last_token] and buf.views(1)["positions"].tolist() == [5]
+
+
+def test_one_copy_carries_every_input():
+    """The staged rows, temperatures, width and packed tables reach the device buffer in one copy of a prefix of
+    one flat buffer, and padding rows read the scratch block."""
+    buf = DecodeBuffers(4, 8, scratch_block=3, block_size=4, device=torch.device("cpu"))
+    a = seq(0, [10, 11, 12], 6)
+    a.sampling = SamplingParams(max_new_tokens=64, temperature=0.7)
+    buf.stage([a], 2)
+    staged = buf.staged
+    assert staged.width.item() == 3 and buf.width == 3
+    assert staged.tables[:4].tolist() == [10, 11, 12, 3]  # [2, 3] packed: row 1 is padding
+    assert abs(buf.temps[0].item() - 0.7) < 1e-7
+    buf.unpack(2)
+    assert buf.tables[0, :3].tolist() == [10, 11, 12] and buf.tables[1, 0].item() == 3
+    assert buf.views(2)["slot_mapping"][1].item() == 3 * 4  # padding writes the scratch block

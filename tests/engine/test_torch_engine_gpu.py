@@ -45,3 +45,36 @@ def test_cuda_bf16_generates(tiny_models):
     for out in outs.values():
         assert np.isfinite(out.logprobs).all() and (out.logprobs <= 0).all()
     assert eng.blocks.num_free == eng.blocks.num_blocks
+
+
+def test_single_pass_graphs_agree_with_split_graphs(tmp_path, tiny_factory):
+    """A batch with a (row, kv head) program for every SM and contexts of at most two chunks replays the graphs whose
+    decode attention runs in one pass; their tokens and logprobs are the split graphs' up to fp32 rounding (the
+    contexts pass one chunk, so the two really differ in their summation order)."""
+    import json
+
+    path = tiny_factory(tmp_path / "qwen2", "qwen2")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1024}))
+    gen = np.random.default_rng(0)
+    reqs = [request(f"r{i}", gen.integers(2, 97, 300).tolist(), temperature=1.0, seed=i, max_new_tokens=16,
+                    ignore_eos=True) for i in range(128)]
+
+    def run(single_pass: bool):
+        eng = engine(path, device="cuda", dtype="float32", max_running=128, num_kv_blocks=128 * 24, kv_block_size=16,
+                     max_model_len=1024)
+        assert eng.runner.single_pass_sizes and 128 in eng.runner.single_pass_sizes
+        if not single_pass:
+            eng.runner.single_pass_sizes = set()
+        graphs, used = eng.runner.graphs, []
+        replay = graphs.replay
+        graphs.replay = lambda size, single=False: (used.append(single), replay(size, single))[1]
+        return drain(eng, {0: reqs}), used
+
+    one, used_one = run(True)
+    split, used_split = run(False)
+    assert any(used_one) and not any(used_split)
+    same = [k for k in one if one[k].token_ids.tolist() == split[k].token_ids.tolist()]
+    assert len(same) >= 0.95 * len(one)
+    for k in same:
+        np.testing.assert_allclose(one[k].logprobs, split[k].logprobs, rtol=0, atol=1e-4)

@@ -30,7 +30,7 @@ def one_shape(eng: TorchEngine) -> TorchEngine:
     runner.sizes = runner.sizes[-1:]
     if runner.graphs is None:
         step = runner.decode_step
-        runner.decode_step = lambda size, width=None: step(size)
+        runner.decode_step = lambda size, width=None, single_pass=False: step(size, None, single_pass)
     return eng
 
 

@@ -70,3 +70,17 @@ def test_forcing_the_sampled_token_scores_it_bitwise(device):
     sampled = sample_fused(logits, temps, seeds, steps)
     forced = sample_fused(logits, temps, seeds, steps, sampled[0].long())
     assert torch.equal(forced, sampled)
+
+
+def test_out_buffer_gets_the_same_samples(device):
+    """`out=`: a wider [2, max_batch] buffer (the decode steps' `sampled`) receives rows [:batch] bitwise as a new
+    tensor would, and its other columns are left alone."""
+    from asyncrl.engine.torch.triton_sampler import sample_fused
+
+    logits, temps, seeds, steps, _ = _case(device)
+    batch = logits.shape[0]
+    out = torch.full((2, batch + 3), -9.0, dtype=torch.float64, device=logits.device)
+    got = sample_fused(logits, temps, seeds, steps, out=out)
+    assert got.data_ptr() == out.data_ptr() and got.shape == (2, batch)
+    assert torch.equal(got, sample_fused(logits, temps, seeds, steps))
+    assert (out[:, batch:] == -9.0).all()

@@ -1,9 +1,8 @@
 """Static decode inputs and the CUDA graphs that replay one decode step per padded batch size.
 
-    Sequence list ──stage()──▶ pinned rows (two, used in turn) ──H2D copies──▶ static device buffers
-                                                                                │ (views [:size])
-    previous step's samples ──gather_input_ids (a step run ahead of the host)──▶│ input ids
-                    DecodeGraphs.replay(size) ── model ─ lm_head ─ fused sampler ──▶ [2, size] tokens/logprobs
+    Sequence list ──stage()──▶ pinned StagedRows (two, used in turn) ──one H2D copy──▶ device StagedRows
+    DecodeGraphs.replay(size): unpack (input ids of a step run ahead, from `sampled`; block tables)
+                               ── model ─ lm_head ─ fused sampler ──▶ `sampled` [2, max_batch] tokens/logprobs
 
 A decode step of `n` sequences runs at the smallest bucket size >= n; rows n..size-1 are padding that
 reads and writes only the cache's scratch block. Graphs hold the addresses of the parameters, the KV
@@ -19,10 +18,12 @@ import numpy as np
 import torch
 
 from asyncrl.engine.torch.sequence import Sequence
+from asyncrl.engine.torch.triton_staging import unpack_rows
 
 # ints rows: input id, position, cache slot, context length, seed, step, forced token (-1: sample), and for a
 # step run ahead (`stage(..., src)`) the row of the previous step's samples that holds each row's input id
 _IDS, _POS, _SLOT, _CTX, _SEED, _STEP, _FORCED, _SRC = range(8)
+_ROWS = 8
 
 
 def bucket_sizes(max_batch: int) -> list[int]:
@@ -30,44 +31,62 @@ def bucket_sizes(max_batch: int) -> list[int]:
     return sorted({s for s in sizes if s < max_batch} | {max_batch})
 
 
-class PinnedRows:
-    """One pinned copy of a step's inputs, each the contiguous source of one H2D copy: the int rows, the
-    temperatures, and the block tables packed [size, width] (a strided or pageable source would go through a
-    pageable temporary, and the driver may wait for the stream, i.e. for the step in flight, to copy it)."""
+class StagedRows:
+    """Every per-row input of a decode step in one flat int64 buffer, so that a step's inputs cross to the
+    device in one copy: the int rows [8, max_batch] | the temperatures (fp32, two to an int64) | the tables'
+    width | the block tables packed [size, width]. A pinned host one is the contiguous source of that copy (a
+    strided or pageable source would go through a pageable temporary, and the driver may wait for the stream,
+    i.e. for the step in flight, to copy it); the device one has the same layout."""
 
-    def __init__(self, max_batch: int, max_blocks: int, pad: dict[int, int], pin: bool):
-        self.ints = torch.zeros((len(pad), max_batch), dtype=torch.int64, pin_memory=pin)
-        self.temps = torch.zeros(max_batch, dtype=torch.float32, pin_memory=pin)
-        self.tables = torch.zeros(max_batch * max_blocks, dtype=torch.int64, pin_memory=pin)
-        for row, value in pad.items():
-            self.ints[row] = value
+    def __init__(self, max_batch: int, max_blocks: int, device: torch.device, pin: bool = False) -> None:
+        self.head = _ROWS * max_batch + (max_batch + 1) // 2 + 1  # int64 words before the packed tables
+        self.flat = torch.zeros(self.head + max_batch * max_blocks, dtype=torch.int64, device=device, pin_memory=pin)
+        self.ints = self.flat[: _ROWS * max_batch].view(_ROWS, max_batch)
+        self.temps = self.flat[_ROWS * max_batch: self.head - 1].view(torch.float32)[:max_batch]
+        self.width = self.flat[self.head - 1: self.head]
+        self.tables = self.flat[self.head:]
+
+    def used(self, size: int, width: int) -> torch.Tensor:
+        """The prefix a step of `size` rows and `width` table columns fills."""
+        return self.flat[: self.head + size * width]
 
 
 class DecodeBuffers:
-    """Host staging and device copies of every per-row decode input.
+    """Host staging and device copies of every per-row decode input, and the device buffer of the samples.
 
-    Host side: the block tables in plain memory (rewritten only where they changed), and two `PinnedRows`
-    used in turn, because with the overlapped decode a step is staged while the previous step, and so its H2D
-    copy, may still be queued on the GPU; the pinned rows written now were last copied two steps ago, and the
-    engine has waited for that step (at most one step is in flight unwaited). Device side: one set of buffers
-    (the graphs hold their addresses); each step's copies are queued behind the previous step's work, so
-    they never overwrite inputs still being read.
+    Host side: the block tables in plain memory (rewritten only where they changed), and two pinned
+    `StagedRows` used in turn, because with the overlapped decode a step is staged while the previous step,
+    and so its H2D copy, may still be queued on the GPU; the rows written now were last copied two steps ago,
+    and the engine has waited for that step (at most one step is in flight unwaited). Device side: one
+    `StagedRows`, the unpacked block tables and `sampled` (the graphs hold their addresses); each step's copy
+    is queued behind the previous step's work, so it never overwrites inputs still being read.
+
+    `sampled` [2, max_batch] float64 receives every decode step's tokens and logprobs (rows [:n]). A step run
+    ahead of the host takes its input ids from it in `unpack`, its first operation, before its own sampler
+    overwrites it; the previous step's D2H copy of it is queued before that step, so it reads finished values.
     """
 
     def __init__(self, max_batch: int, max_blocks: int, scratch_block: int, block_size: int, device: torch.device):
         pin = device.type == "cuda"
         self.max_batch, self.block_size = max_batch, block_size
         self.pad = {_IDS: 0, _POS: 0, _SLOT: scratch_block * block_size, _CTX: 1, _SEED: 0, _STEP: 0, _FORCED: -1,
-                    _SRC: 0}
+                    _SRC: -1}
         self.h_tables = np.full((max_batch, max_blocks), scratch_block, dtype=np.int64)
-        self.pinned = [PinnedRows(max_batch, max_blocks, self.pad, pin) for _ in range(2)]
+        self.pinned = [StagedRows(max_batch, max_blocks, torch.device("cpu"), pin) for _ in range(2)]
+        for rows in self.pinned:
+            for row, value in self.pad.items():
+                rows.ints[row] = value
+            rows.width.fill_(1)
+            rows.tables[:max_batch].fill_(scratch_block)
         self.turn = 1  # index of the pinned rows staged last
-        first = self.pinned[0]
-        self.ints, self.temps = first.ints.to(device, copy=True), first.temps.to(device, copy=True)
-        self.tables = torch.from_numpy(self.h_tables).to(device, copy=True)  # [max_batch, max_blocks]
-        self.packed_tables = first.tables.to(device, copy=True)  # [max_batch * max_blocks]: lands here, then scattered
-        self.scratch_block, self.width = scratch_block, max_blocks
+        self.staged = StagedRows(max_batch, max_blocks, device)
+        self.staged.flat.copy_(self.pinned[0].flat)
+        self.ints, self.temps = self.staged.ints, self.staged.temps
+        self.tables = torch.from_numpy(self.h_tables).to(device, copy=True)  # [max_batch, max_blocks], unpacked
+        self.sampled = torch.zeros((2, max_batch), dtype=torch.float64, device=device)
+        self.scratch_block, self.width = scratch_block, 1
         self._written: list[tuple[list[int], int]] = []  # per host row: (the table list written there, its length)
+        self.max_context = 0  # the longest context of the rows staged last
 
     def stage(self, seqs: list[Sequence], size: int, src: list[int] | None = None) -> None:
         """Write the rows of `seqs` (then padding up to `size`) and copy them to the device. Host time here
@@ -76,11 +95,12 @@ class DecodeBuffers:
 
         src: the step runs one token ahead: each sequence has a token in flight (sampled by the previous step,
         not yet appended), in row src[i] of that step's samples. Its position and sampling step are then one
-        past the host's, and its input id is left for `gather_input_ids` to fill on the device."""
+        past the host's, and its input id is left for `unpack` to take from `sampled` on the device."""
         self.turn ^= 1
         pinned = self.pinned[self.turn]
         n, ints, bs, ahead = len(seqs), pinned.ints.numpy(), self.block_size, int(src is not None)
         width = self._write_tables(seqs)
+        self.max_context = 0
         if n:
             rows = np.array([(s.last_token, s.num_tokens - 1, s.seed, s.num_outputs, s.forced_token) for s in seqs],
                             dtype=np.int64)  # [n, 5]
@@ -90,19 +110,23 @@ class DecodeBuffers:
             ints[_SLOT, :n] = self.h_tables[np.arange(n), pos // bs] * bs + pos % bs
             ints[_CTX, :n] = pos + 1
             ints[_SEED, :n], ints[_STEP, :n], ints[_FORCED, :n] = rows[:, 2], rows[:, 3] + ahead, rows[:, 4]
-            ints[_SRC, :n] = 0 if src is None else src
+            ints[_SRC, :n] = -1 if src is None else src
+            self.max_context = int(pos.max()) + 1
         for row, value in self.pad.items():
             ints[row, n:size] = value
         pinned.temps.numpy()[:n] = [s.sampling.temperature for s in seqs]
+        pinned.width[0] = width
         self.h_tables[n:size, 0] = self.scratch_block
         del self._written[n:]  # rows past n now hold padding: write them in full when a sequence lands there
-        packed = pinned.tables[: size * width]
-        packed.numpy().reshape(size, width)[:] = self.h_tables[:size, :width]
-        self.ints.copy_(pinned.ints, non_blocking=True)  # whole buffers: contiguous (rows past size are unread)
-        self.temps.copy_(pinned.temps, non_blocking=True)
-        self.packed_tables[: size * width].copy_(packed, non_blocking=True)
-        self.tables[:size, :width].copy_(self.packed_tables[: size * width].view(size, width))  # on the device
+        pinned.tables[: size * width].numpy().reshape(size, width)[:] = self.h_tables[:size, :width]
+        self.staged.used(size, width).copy_(pinned.used(size, width), non_blocking=True)  # the step's one H2D copy
         self.width = width
+
+    def unpack(self, size: int) -> None:
+        """On the device, rows [:size]: the input ids of a step run ahead (from `sampled`) and the block tables
+        (from their packed copy). The decode step's first operation, inside its graph."""
+        unpack_rows(self.ints, self.sampled, self.staged.tables, self.staged.width, self.tables, size, _IDS, _SRC,
+                    self.width)
 
     def _write_tables(self, seqs: list[Sequence]) -> int:
         """Block tables into the host rows; -> the widest. A row that holds the same table list as last step
@@ -123,12 +147,6 @@ class DecodeBuffers:
             width = max(width, length)
         return width
 
-    def gather_input_ids(self, prev_tokens: torch.Tensor, n: int) -> None:
-        """Input id of rows [:n] = prev_tokens[src] (the staged source rows), on the device: queued after the
-        staging copy and before the step. prev_tokens: [prev_size] float64, row 0 of the previous step's
-        samples (token ids are exact in float64)."""
-        self.ints[_IDS, :n].copy_(prev_tokens.index_select(0, self.ints[_SRC, :n]))
-
     def views(self, size: int, width: int | None = None) -> dict[str, torch.Tensor]:
         """Rows [:size]; block tables cut to `width` columns (the torch attention gathers every
         column; graphs keep the full width, which the Triton kernel never reads past the context)."""
@@ -141,30 +159,32 @@ class DecodeBuffers:
 
 
 class DecodeGraphs:
-    """One captured graph per bucket size; `step(size)` is the eager decode step being captured and
-    must return (logits [size, vocab], sampled [2, size])."""
+    """One captured graph per (bucket size, single_pass); `step(size, single_pass)` is the eager decode step
+    being captured and must return (logits [size, vocab], sampled [2, size]). single_pass: the variant whose
+    decode attention never splits a context (`triton_ops.SINGLE_PASS_MAX_CONTEXT`), captured only for the
+    sizes the runner replays it at."""
 
-    def __init__(self, step: Callable[[int], tuple[torch.Tensor, torch.Tensor]], sizes: list[int]) -> None:
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+    def __init__(self, step: Callable[[int, bool], tuple[torch.Tensor, torch.Tensor]],
+                 keys: list[tuple[int, bool]]) -> None:
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
-            for size in sorted(sizes, reverse=True):  # largest first: smaller graphs reuse its pool
+            for key in sorted(keys, reverse=True):  # largest first: smaller graphs reuse its pool
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):  # warm-up (Triton compiles, cuBLAS picks kernels)
-                    step(size)
+                    step(*key)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    outputs = step(size)
-                self.graphs[size] = (graph, outputs)
+                    outputs = step(*key)
+                self.graphs[key] = (graph, outputs)
         torch.cuda.synchronize()
 
     def __contains__(self, size: int) -> bool:
-        return size in self.graphs
+        return (size, False) in self.graphs
 
-    def replay(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        graph, outputs = self.graphs[size]
+    def replay(self, size: int, single_pass: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        graph, outputs = self.graphs[(size, single_pass)]
         graph.replay()
         return outputs
-

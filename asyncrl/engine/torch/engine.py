@@ -309,12 +309,12 @@ class TorchEngine:
             return None
         self._inflight = None
         if seqs:
-            self._launch(seqs, prev, src)
+            self._launch(seqs, src)
             self.counters["decode_ahead"] += 1
         return self._read(prev)
 
-    def _launch(self, seqs: list[Sequence], prev: InflightStep | None = None, src: list[int] | None = None) -> None:
-        sampled = self.runner.launch_decode(seqs, prev.sampled if prev else None, src)
+    def _launch(self, seqs: list[Sequence], src: list[int] | None = None) -> None:
+        sampled = self.runner.launch_decode(seqs, src)
         self.counters["decode_steps"] += 1
         self._inflight = self._results.launch(seqs, sampled, self._version)
 

@@ -4,21 +4,22 @@ With overlap on, `TorchEngine.step` launches decode step k+1 before it reads ste
 never waits for the host's bookkeeping between two decode steps:
 
     host   │ plan k+1 · stage k+1 · launch k+1 │ wait(k) │ append k's tokens, finish, free │ plan k+2 · …
-    stream │ … step k ─────────────────────── D2H(k) │ H2D(k+1) · gather · step k+1 ──────── D2H(k+1) │ …
+    stream │ … step k ─────────────────────── D2H(k) │ H2D(k+1) · step k+1 (unpack first) ──── D2H(k+1) │ …
 
 * Launch (`ResultBuffers.launch`, after the runner queued the step): a non-blocking D2H copy of the step's
-  samples ([2, size] float64: tokens, logprobs) into a pinned host buffer, then a CUDA event. Nothing waits.
-* Step k+1's input ids never visit the host: the runner gathers them on the stream from step k's samples on
-  the device (`DecodeBuffers.gather_input_ids`), queued after k+1's staging copy and before its replay. Its
-  positions, sampling steps and KV slots are one past the host's (`stage(..., src)`).
+  samples (`DecodeBuffers.sampled`, [2, max_batch] float64: tokens, logprobs in rows [:n]) into a pinned host
+  buffer, then a CUDA event. Nothing waits.
+* Step k+1's input ids never visit the host: its first kernel (`DecodeBuffers.unpack`, inside the graph) takes
+  them from step k's samples, still in `sampled`, before step k+1's sampler overwrites it. Its positions,
+  sampling steps and KV slots are one past the host's (`stage(..., src)`). Between two replays the stream
+  runs the D2H copy of one step's samples and the H2D copy of the next step's inputs, nothing else.
 * The one wait: `InflightStep.results()` synchronises on step k's event, after step k+1 is already queued.
 * Double buffers: the pinned results (here) and the pinned staging (`DecodeBuffers`) alternate between two
   buffers, because while the host reads step k's results (or writes step k+1's inputs) step k+1's D2H copy
   (or step k's H2D copy) may still be pending on the stream. At most one step is in flight unwaited, so
   the other buffer's last copy is complete.
-* Device side: a step's samples may be a CUDA graph's static output (overwritten by the next replay of its
-  size, or aliased by another graph of the same pool); both readers of it, the D2H copy and the next step's
-  gather, are queued before the next step, so `sampled` is only valid until the next launch.
+* Device side: `sampled` is one buffer that every decode step writes; its readers, the D2H copy and the next
+  step's unpack, are queued before the next step's sampler, so it is only valid until the next launch.
 
 One thread both launches and reads (the one driving `step()`), one call apart: a sample's output comes back
 one call after the step that sampled its last token; nothing else shares this state.
@@ -40,8 +41,8 @@ from asyncrl.engine.torch.sequence import Sequence
 class InflightStep:
     seqs: list[Sequence]  # row i -> its sequence; a row whose sequence stopped meanwhile is discarded
     version: int  # weight version when the step was launched: stamps its tokens
-    sampled: torch.Tensor  # [2, size] float64 on the device; valid until the next step is launched
-    host: torch.Tensor  # [2, size] float64, pinned: receives `sampled`
+    sampled: torch.Tensor  # [2, >= n] float64 on the device; valid until the next step is launched
+    host: torch.Tensor  # the same shape, pinned: receives `sampled`
     done: torch.cuda.Event | None  # recorded after the D2H copy; None on CPU (already done)
 
     def results(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +64,8 @@ class ResultBuffers:
         self.device, self.turn = device, 0
 
     def launch(self, seqs: list[Sequence], sampled: torch.Tensor, version: int) -> InflightStep:
-        """Queue the copy of a just-queued step's samples ([2, size], contiguous) to the host; -> its record."""
+        """Queue the copy of a just-queued step's samples ([2, >= len(seqs)], contiguous) to the host; -> its
+        record."""
         i, self.turn = self.turn, self.turn ^ 1
         host = self.flat[i][: sampled.numel()].view(sampled.shape)  # whole rows: a contiguous copy
         host.copy_(sampled, non_blocking=True)

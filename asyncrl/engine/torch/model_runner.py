@@ -6,7 +6,7 @@
                       step eagerly (model -> lm_head -> fused sampler) -> one host copy of the results
     launch_decode   : the same step queued without waiting -> its samples on the device; run ahead of the
                       host (`src`), it takes its input ids from the previous step's samples there
-                      (the engine's overlapped decode, `inflight`)
+                      (the engine's overlapped decode, `inflight`). A step begins with `DecodeBuffers.unpack`.
 
 Sampling runs in the fused GPU kernel (`triton_sampler`) when available; rows with top-k / top-p, and
 the CPU, use `sampler.sample`. Both take each row's forced token (`Sequence.forced_token`, -1 = sample):
@@ -56,8 +56,10 @@ class ModelRunner:
         max_blocks = blocks_for(max_model_len, blocks.block_size)
         self.buffers = DecodeBuffers(max_batch, max_blocks, kv_cache.scratch_block, blocks.block_size, device)
         self.fused_sampling = triton_ops.enabled(model.lm_head.weight)
-        use_graphs = cuda_graphs and device.type == "cuda"
-        self.graphs = DecodeGraphs(self.decode_step, self.sizes) if use_graphs else None
+        self.single_pass_sizes = self._single_pass_sizes(device)
+        use_graphs = cuda_graphs and device.type == "cuda" and triton_ops.HAS_TRITON  # graphs unpack with Triton
+        keys = [(s, False) for s in self.sizes] + [(s, True) for s in sorted(self.single_pass_sizes)]
+        self.graphs = DecodeGraphs(self.decode_step, keys) if use_graphs else None
 
     # ---------------------------------------------------------------- phases
 
@@ -104,20 +106,19 @@ class ModelRunner:
         return tokens.cpu(), logprobs.cpu()
 
     @torch.inference_mode()
-    def launch_decode(
-        self, seqs: list[Sequence], prev_sampled: torch.Tensor | None = None, src: list[int] | None = None
-    ) -> torch.Tensor:
-        """Queue one decode step for `seqs` and return without a sync -> [2, >= n] float64 on the device: row 0
-        the tokens, row 1 their logprobs (what `decode` would copy to the host). Only for steps that
-        `can_run_ahead`. prev_sampled, src: the step runs one token ahead of the host; sequence i's input
-        token is prev_sampled[0, src[i]] (the previous step's samples, still on the device)."""
+    def launch_decode(self, seqs: list[Sequence], src: list[int] | None = None) -> torch.Tensor:
+        """Queue one decode step for `seqs` and return without a sync -> `buffers.sampled`, [2, max_batch] float64
+        on the device: rows [:n] of row 0 the tokens, of row 1 their logprobs (what `decode` would copy to the
+        host); valid until the next step is launched. Only for steps that `can_run_ahead`. src: the step runs one
+        token ahead of the host; sequence i's input token is in row src[i] of the previous decode step's samples
+        (still in `buffers.sampled`)."""
         n = len(seqs)
         size = self._size(n)
         self.buffers.stage(seqs, size, src)
-        if prev_sampled is not None:
-            self.buffers.gather_input_ids(prev_sampled[0], n)
         logits, sampled = self._run_decode(size)
-        return sampled if sampled is not None else self._sample_staged(logits, n)
+        if sampled is None:
+            self._sample_staged(logits, n)
+        return self.buffers.sampled
 
     def can_run_ahead(self, seqs: list[Sequence]) -> bool:
         """Whether a decode step of `seqs` can stay on the device: every row samples on the device without
@@ -130,14 +131,25 @@ class ModelRunner:
     def _size(self, n: int) -> int:
         return self.sizes[-1] if self.fixed_batch else next(s for s in self.sizes if s >= n)
 
-    def _run_decode(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.graphs is not None:
-            return self.graphs.replay(size)
-        return self.decode_step(size, None if self.fixed_batch else self.buffers.width)
+    def _single_pass_sizes(self, device: torch.device) -> set[int]:
+        """Bucket sizes whose decode attention runs in one pass when every staged context is short: enough rows
+        to give each SM a (row, kv head) program. None in deterministic mode (a row's bits would then depend on
+        the other rows' contexts) or without the Triton kernels."""
+        if self.fixed_batch or device.type != "cuda" or not triton_ops.enabled(self.model.lm_head.weight):
+            return set()
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return {s for s in self.sizes if s * self.model.cfg.num_kv_heads >= sms}
 
-    def _sample_staged(self, logits: torch.Tensor, n: int) -> torch.Tensor:
-        """`sampler.sample` on rows [:n] with the staged parameters (no fused sampler: the CPU) -> [2, n] float64,
-        the fused sampler's layout. The same values as `decode`'s host path (no truncation, nothing forced)."""
+    def _run_decode(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        single = size in self.single_pass_sizes and self.buffers.max_context <= triton_ops.SINGLE_PASS_MAX_CONTEXT
+        if self.graphs is not None:
+            return self.graphs.replay(size, single)
+        return self.decode_step(size, None if self.fixed_batch else self.buffers.width, single)
+
+    def _sample_staged(self, logits: torch.Tensor, n: int) -> None:
+        """`sampler.sample` on rows [:n] with the staged parameters (no fused sampler: the CPU) into
+        `buffers.sampled`, the fused sampler's layout. The same values as `decode`'s host path (no truncation,
+        nothing forced)."""
         v = self.buffers.views(n)
         batch = SamplingBatch(
             temperatures=v["temperatures"], top_ps=torch.ones_like(v["temperatures"]),
@@ -145,7 +157,7 @@ class ModelRunner:
             needs_truncation=False, forced=v["forced"],
         )
         tokens, logprobs = sample(logits[:n].float(), batch)
-        return torch.stack((tokens.double(), logprobs.double()))
+        self.buffers.sampled[:, :n] = torch.stack((tokens.double(), logprobs.double()))
 
     def _sample_truncated_rows(
         self, logits: torch.Tensor, sampled: torch.Tensor, seqs: list[Sequence]
@@ -160,19 +172,23 @@ class ModelRunner:
         tokens[rows], logprobs[rows] = row_tokens.cpu(), row_logprobs.cpu()
         return tokens, logprobs
 
-    def decode_step(self, size: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def decode_step(
+        self, size: int, width: int | None = None, single_pass: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The decode of `size` staged rows (what a graph captures) -> (logits [size, vocab] in the
-        model dtype, fused samples [2, size] or None)."""
+        model dtype, fused samples [2, size] or None). single_pass: see `_single_pass_sizes`."""
+        self.buffers.unpack(size)
         v = self.buffers.views(size, width)
         meta = AttentionMetadata(
             is_prefill=False, slot_mapping=v["slot_mapping"], seq_lens=[1] * size,
-            block_tables=v["block_tables"], context_lens=v["context_lens"],
+            block_tables=v["block_tables"], context_lens=v["context_lens"], single_pass=single_pass,
         )
         hidden = self.run_model(v["input_ids"], v["positions"], meta)
         logits = self.model.compute_logits(hidden, fp32=False)  # [size, vocab]
         if not self.fused_sampling:
             return logits, None
-        return logits, sample_fused(logits, v["temperatures"], v["seeds"], v["steps"], v["forced"])
+        return logits, sample_fused(logits, v["temperatures"], v["seeds"], v["steps"], v["forced"],
+                                    out=self.buffers.sampled)
 
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta, self.kv_cache)  # [num_tokens, hidden]

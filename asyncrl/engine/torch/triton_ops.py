@@ -25,8 +25,13 @@ except ImportError:  # CPU-only installs: the torch path is used
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def runs_on(t: torch.Tensor) -> bool:
+    """Whether Triton kernels run on t's device (a GPU, or the interpreter under TRITON_INTERPRET=1)."""
+    return HAS_TRITON and (t.is_cuda or _INTERPRET)
+
+
 def enabled(t: torch.Tensor) -> bool:
-    return HAS_TRITON and (t.is_cuda or _INTERPRET) and t.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    return runs_on(t) and t.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
 _BLOCK_N = 64  # decode attention: tokens per tile
@@ -40,6 +45,13 @@ SPLIT_CHUNK = 256
 # 512-1536 the two are within 1 %.
 DECODE_WARPS = 2
 _SPLIT_PROGRAMS = 4096  # split decode attention: launch at most ~this many programs; more chunks loop
+# The decode graphs of a batch with (rows x kv heads) >= the GPU's SM count come in two variants, and a step whose
+# longest context is at most this many tokens replays the one-pass one (`decode_attention(single_pass=True)`). With
+# that many programs one pass keeps the GPU busy and saves the partials and the combine launch: H200, 0.5B shape,
+# batch 256, every row at the same context (a batch decoding in step), bench.decode_attention --uniform:
+# context 384 one pass 15.0 us / split 18.2 us, 480: 21.7 / 22.6, 1024: 40.8 / 42.5. Spread contexts favour the split
+# (192-576: 16.3 / 15.6), and a longest context above two chunks says the spread can be wide, hence the bound.
+SINGLE_PASS_MAX_CONTEXT = 2 * SPLIT_CHUNK
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -282,7 +294,7 @@ def rotary_store(
 
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float,
+    context_lens: torch.Tensor, scale: float, single_pass: bool = False,
 ) -> torch.Tensor:
     """q: [batch, heads, d] contiguous; caches [num_blocks, page, kv_heads, d]; block_tables
     [batch, max_blocks]; context_lens [batch] (>= 1) -> [batch, heads, d].
@@ -290,8 +302,12 @@ def decode_attention(
     Split over the context when the table is wider than one chunk (max_blocks * page > SPLIT_CHUNK),
     else one pass. The rule reads only the table's width, never the contexts or the batch size, so it
     is fixed for a captured graph; and a row that fits in one chunk gets the same result either way,
-    so a row's result never depends on which path the rest of the batch chose."""
-    if block_tables.shape[1] * k_cache.shape[1] > SPLIT_CHUNK:
+    so a row's result never depends on which path the rest of the batch chose.
+
+    single_pass: one pass whatever the width (the caller's choice for a batch of short contexts,
+    `SINGLE_PASS_MAX_CONTEXT`); a row longer than one chunk then rounds as the one-pass kernel does,
+    which depends on the batch's choice, so deterministic mode never asks for it."""
+    if not single_pass and block_tables.shape[1] * k_cache.shape[1] > SPLIT_CHUNK:
         return decode_attention_split(q, k_cache, v_cache, block_tables, context_lens, scale)
     return decode_attention_single(q, k_cache, v_cache, block_tables, context_lens, scale)
 

@@ -101,8 +101,8 @@ if HAS_TRITON:
         tl.store(part_i_ptr + at, best_idx)
 
     @triton.jit
-    def _sample_combine_kernel(logits_ptr, stride_l, temp_ptr, forced_ptr, part_f_ptr, part_i_ptr, out_ptr, splits,
-                               SPLITS_P2: tl.constexpr):
+    def _sample_combine_kernel(logits_ptr, stride_l, temp_ptr, forced_ptr, part_f_ptr, part_i_ptr, out_ptr, stride_o,
+                               splits, SPLITS_P2: tl.constexpr):
         """Program row: the row's partials in split order -> token (the first position of the largest noisy
         value: splits are contiguous, so the earliest split wins a tie) and its logprob."""
         row = tl.program_id(0).to(tl.int64)
@@ -125,7 +125,7 @@ if HAS_TRITON:
         picked = tl.load(logits_ptr + row * stride_l + token).to(tl.float32) / temp
         tl.store(out_ptr + row, token.to(tl.float64))
         logprob = picked - run_max - tl.log(run_sum)
-        tl.store(out_ptr + tl.num_programs(0) + row, logprob.to(tl.float64))
+        tl.store(out_ptr + stride_o + row, logprob.to(tl.float64))
 
 
 BLOCK_V = 2048  # vocabulary entries per loop iteration of a program
@@ -142,17 +142,20 @@ def vocab_splits(vocab: int) -> tuple[int, int]:
 
 def sample_fused(
     logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
-    forced: torch.Tensor | None = None,
+    forced: torch.Tensor | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """logits: [batch, vocab] (any float dtype, last dim contiguous); temperatures [batch] fp32
     (0 = greedy); seeds, steps [batch] int64; forced [batch] int64 in [0, vocab) or -1 = sample (None:
     sample every row). -> [2, batch] float64: row 0 the tokens, row 1 their logprobs (one tensor, so
-    the host reads both with a single copy)."""
+    the host reads both with a single copy). out: [2, >= batch] float64 with contiguous rows to write
+    into (the result is then out[:, :batch]); a new tensor when None."""
     batch, vocab = logits.shape
     assert logits.stride(1) == 1
     if forced is None:
         forced = torch.full_like(steps, -1)
-    out = torch.empty((2, batch), dtype=torch.float64, device=logits.device)
+    if out is None:
+        out = torch.empty((2, batch), dtype=torch.float64, device=logits.device)
+    assert out.dtype == torch.float64 and out.shape[0] == 2 and out.shape[1] >= batch and out.stride(1) == 1
     splits, per = vocab_splits(vocab)
     part_f = torch.empty((batch, splits, 3), dtype=torch.float32, device=logits.device)  # best, max, exp-sum
     part_i = torch.empty((batch, splits), dtype=torch.int32, device=logits.device)  # position of best
@@ -161,7 +164,7 @@ def sample_fused(
         GOLDEN=rng._GOLDEN, BLOCK_V=BLOCK_V, APPROX_LOG=logits.is_cuda, num_warps=8,
     )
     _sample_combine_kernel[(batch,)](
-        logits, logits.stride(0), temperatures, forced, part_f, part_i, out, splits,
+        logits, logits.stride(0), temperatures, forced, part_f, part_i, out, out.stride(0), splits,
         SPLITS_P2=triton.next_power_of_2(splits), num_warps=1,
     )
-    return out
+    return out[:, :batch]
