@@ -159,25 +159,25 @@ class DecodeBuffers:
 
 
 class DecodeGraphs:
-    """One captured graph per (bucket size, single_pass); `step(size, single_pass)` is the eager decode step
+    """One captured graph per (bucket size, single_pass); `step(size, single_pass=...)` is the eager decode step
     being captured and must return (logits [size, vocab], sampled [2, size]). single_pass: the variant whose
     decode attention never splits a context (`triton_ops.SINGLE_PASS_MAX_CONTEXT`), captured only for the
     sizes the runner replays it at."""
 
-    def __init__(self, step: Callable[[int, bool], tuple[torch.Tensor, torch.Tensor]],
-                 keys: list[tuple[int, bool]]) -> None:
+    def __init__(self, step: Callable[..., tuple[torch.Tensor, torch.Tensor]], keys: list[tuple[int, bool]]) -> None:
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for key in sorted(keys, reverse=True):  # largest first: smaller graphs reuse its pool
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
+                size, single = key
                 with torch.cuda.stream(side):  # warm-up (Triton compiles, cuBLAS picks kernels)
-                    step(*key)
+                    step(size, single_pass=single)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    outputs = step(*key)
+                    outputs = step(size, single_pass=single)
                 self.graphs[key] = (graph, outputs)
         torch.cuda.synchronize()
 
