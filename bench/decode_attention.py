@@ -5,8 +5,9 @@ GPU time of one layer's decode attention over the paged KV cache: the one-pass T
 Qwen2-0.5B attention shape by default (14 query heads, 2 KV heads, head_dim 64, 16-token pages).
 
 Rows get contexts spread evenly over [context / 2, 3 * context / 2] (capped at --max-len), the mean
-being --context; block tables are a shuffled permutation of the cache's blocks (--layout contiguous: each row's
-blocks in one run) and --max-len / page columns wide, as in the engine's captured graphs (the split kernel's launch grows with that width).
+being --context (--uniform: every row at --context); block tables are a shuffled permutation of the cache's
+blocks (--layout: or other layouts) and --max-len / page columns wide, as in the engine's captured graphs
+(the split kernel's launch grows with that width).
 Each kernel is captured `--calls` times in one CUDA graph (as the engine runs it; eager launches of
 these small kernels would time the host), replayed after a warm-up, and timed with CUDA events.
 
@@ -119,7 +120,8 @@ def main() -> None:
     print(json.dumps({
         "bench": "decode_attention", "batch": args.batch, "context_mean": round(lens.float().mean().item(), 1),
         "context_min": int(lens.min()), "context_max": int(lens.max()), "max_len": args.max_len,
-        "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "page": args.page, "layout": args.layout, "skew": args.skew,
+        "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "page": args.page,
+        "layout": args.layout, "skew": args.skew,
         "chunk": chunk, "warps": warps, "dtype": args.dtype, "single_ms": round(single, 5), "split_ms": round(split, 5),
         "single_over_split": round(single / split, 3), "kv_mb": round(kv_bytes / 1e6, 2),
         "split_gbps": round(kv_bytes / (split / 1e3) / 1e9, 1), "device": torch.cuda.get_device_name(),

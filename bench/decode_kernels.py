@@ -19,10 +19,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from bench.generation import build_hf, commit, make_engine, prompts, require_cuda, run_engine
+from bench.generation import add_prompts, build_hf, commit, make_engine, prompts, require_cuda, run_engine
 
 REPLAYS = 50
 
@@ -94,12 +93,7 @@ def pause_mid_run(eng, batch_prompts: list[list[int]], steps: int) -> None:
     """Start generating for the prompts and stop once `steps` decode steps ran: the staged buffers then hold a
     real step of the run (every row its own sequence and table), which the replays repeat. (After a run ends
     they hold leftovers: rows of a shrinking batch repeat tables, and those rows' KV comes from the L2.)"""
-    from asyncrl.engine.protocol import GenerationRequest
-    from asyncrl.records import SamplingParams
-
-    params = SamplingParams(max_new_tokens=steps + 32, temperature=1.0, ignore_eos=True, seed=None)
-    for i, p in enumerate(batch_prompts):
-        eng.add(GenerationRequest(request_id=f"mid{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
+    add_prompts(eng, batch_prompts, steps + 32, tag="mid")
     start = eng.counters["decode_steps"]
     while eng.counters["decode_steps"] - start < steps:
         eng.step()
@@ -131,9 +125,7 @@ def main() -> None:
     if graphs is None or args.batch not in graphs:
         raise SystemExit(f"no captured decode graph of size {args.batch}")
     pause_mid_run(eng, prompts(args.batch, args.prompt_len, seed=2), args.warm)
-    from asyncrl.engine.torch import triton_ops
-
-    single = args.batch in runner.single_pass_sizes and runner.buffers.max_context <= triton_ops.SINGLE_PASS_MAX_CONTEXT
+    single = runner.single_pass(args.batch)
     graph = measure(lambda: graphs.replay(args.batch, single))
 
     @torch.inference_mode()

@@ -78,17 +78,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_engine(eng, batch_prompts, output_len: int | list[int], temperature: float = 1.0):
-    """-> (wall seconds, outputs, decode-only step stats). `output_len`: for every prompt, or one per prompt."""
+def add_prompts(eng, batch_prompts, output_len: int | list[int], tag: str = "r", temperature: float = 1.0) -> None:
+    """One request per prompt (ids `{tag}{i}`, EOS ignored). `output_len`: for every prompt, or one per prompt."""
     from asyncrl.engine.protocol import GenerationRequest
     from asyncrl.records import SamplingParams
 
     lengths = output_len if isinstance(output_len, list) else [output_len] * len(batch_prompts)
-    sync(eng.device)
-    start = time.perf_counter()
     for i, (p, length) in enumerate(zip(batch_prompts, lengths, strict=True)):
         params = SamplingParams(max_new_tokens=length, temperature=temperature, ignore_eos=True, seed=None)
-        eng.add(GenerationRequest(request_id=f"r{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
+        eng.add(GenerationRequest(request_id=f"{tag}{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
+
+
+def run_engine(eng, batch_prompts, output_len: int | list[int], temperature: float = 1.0):
+    """-> (wall seconds, outputs, decode-only step stats). `output_len`: for every prompt, or one per prompt."""
+    sync(eng.device)
+    start = time.perf_counter()
+    add_prompts(eng, batch_prompts, output_len, temperature=temperature)
     outs, decode_s, decode_ctx, decode_steps = [], 0.0, [], 0
     while eng.has_work():
         prefills = eng.counters["prefills"]

@@ -18,27 +18,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from bench.decode_kernels import kernel_table, summary
-from bench.generation import build_hf, commit, make_engine, prompts, require_cuda
+from bench.generation import add_prompts, build_hf, commit, make_engine, prompts, require_cuda
 
 
 def prefill_once(eng, batch_prompts: list[list[int]], tag: str) -> float:
     """Add the prompts (one new token each) and step until done -> wall seconds (synchronised)."""
-    from asyncrl.engine.protocol import GenerationRequest
-    from asyncrl.records import SamplingParams
-
-    params = SamplingParams(max_new_tokens=1, temperature=1.0, ignore_eos=True, seed=None)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for i, p in enumerate(batch_prompts):
-        eng.add(GenerationRequest(request_id=f"{tag}-{i}", prompt_token_ids=np.asarray(p, np.int32), sampling=params))
-    steps = 0
+    add_prompts(eng, batch_prompts, 1, tag=f"{tag}-")
     while eng.has_work():
         eng.step()
-        steps += 1
     torch.cuda.synchronize()
     return time.perf_counter() - start
 

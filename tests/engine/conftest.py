@@ -66,3 +66,17 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def triton_device(request) -> str:
+    """Where a Triton kernel test runs: "cpu" in the Triton interpreter (TRITON_INTERPRET=1 set for the whole run,
+    else skipped), "cuda" compiled. Without Triton both skip."""
+    from asyncrl.engine.torch import triton_ops
+
+    if not triton_ops.HAS_TRITON:
+        pytest.skip("needs Triton")
+    if request.param == "cpu" and not triton_ops._INTERPRET:
+        pytest.skip("the kernel runs on CPU only with TRITON_INTERPRET=1 set for the whole run")
+    return request.param

@@ -12,24 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.engine.torch import triton_ops
 from asyncrl.engine.torch.triton_staging import unpack_rows, unpack_rows_torch
 
 pytestmark = pytest.mark.filterwarnings(  # Triton < 3.7's interpreter under numpy 2.3
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
 
-CUDA = torch.cuda.is_available()
 IDS, SRC = 0, 7
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu,
-                                                           pytest.mark.skipif(not CUDA, reason="needs CUDA")])])
-def device(request):
-    if not triton_ops.HAS_TRITON:
-        pytest.skip("needs Triton")
-    if request.param == "cpu" and not triton_ops._INTERPRET:
-        pytest.skip("the kernel runs on CPU only with TRITON_INTERPRET=1 set for the whole run")
-    return request.param
+@pytest.fixture
+def device(triton_device):
+    return triton_device
 
 
 def _inputs(size: int, max_batch: int, width: int, max_blocks: int, seed: int):

@@ -22,8 +22,8 @@ from asyncrl.engine.torch.triton_staging import unpack_rows
 
 # ints rows: input id, position, cache slot, context length, seed, step, forced token (-1: sample), and for a
 # step run ahead (`stage(..., src)`) the row of the previous step's samples that holds each row's input id
-_IDS, _POS, _SLOT, _CTX, _SEED, _STEP, _FORCED, _SRC = range(8)
 _ROWS = 8
+_IDS, _POS, _SLOT, _CTX, _SEED, _STEP, _FORCED, _SRC = range(_ROWS)
 
 
 def bucket_sizes(max_batch: int) -> list[int]:

@@ -140,8 +140,12 @@ class ModelRunner:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         return {s for s in self.sizes if s * self.model.cfg.num_kv_heads >= sms}
 
+    def single_pass(self, size: int) -> bool:
+        """Whether the step staged last, at `size` rows, runs its decode attention in one pass."""
+        return size in self.single_pass_sizes and self.buffers.max_context <= triton_ops.SINGLE_PASS_MAX_CONTEXT
+
     def _run_decode(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        single = size in self.single_pass_sizes and self.buffers.max_context <= triton_ops.SINGLE_PASS_MAX_CONTEXT
+        single = self.single_pass(size)
         if self.graphs is not None:
             return self.graphs.replay(size, single)
         return self.decode_step(size, None if self.fixed_batch else self.buffers.width, single)
