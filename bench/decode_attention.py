@@ -9,7 +9,10 @@ being --context (--uniform: every row at --context); block tables are a shuffled
 blocks (--layout: or other layouts) and --max-len / page columns wide, as in the engine's captured graphs
 (the split kernel's launch grows with that width).
 Each kernel is captured `--calls` times in one CUDA graph (as the engine runs it; eager launches of
-these small kernels would time the host), replayed after a warm-up, and timed with CUDA events.
+these small kernels would time the host), replayed after a warm-up, and timed with CUDA events. Call i
+reads layer i % `--layers` of a cache with that many layers (default 24, the 0.5B model's), as a decode
+step does: one layer's KV at batch 256 is ~50 MB, about the H200's L2, so repeating one layer's cache
+(`--layers 1`) serves part of it from the L2 and times the kernel ~25 % faster than the engine runs it.
 
 Prints one JSON line: the shape, single_ms and split_ms per call, single_ms / split_ms, the KV
 bytes one call reads and the bandwidth that makes at split_ms, device, torch, triton, commit.
@@ -83,8 +86,10 @@ def main() -> None:
                    help="every row at --context (as in a batch of equal prompts decoding in step)")
     p.add_argument("--skew", type=int, default=0, help="interleaved layout: stride of a row's blocks minus the batch")
     p.add_argument("--chunk", type=int, default=0, help="tokens per split (default: triton_ops.SPLIT_CHUNK)")
+    p.add_argument("--layers", type=int, default=24,
+                   help="layers of KV cache the calls cycle through (1: every call reads the same cache)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
-    p.add_argument("--calls", type=int, default=50, help="calls captured in one graph")
+    p.add_argument("--calls", type=int, default=48, help="calls captured in one graph")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--warps", type=int, default=0, help="warps of the split kernel (default: triton_ops.DECODE_WARPS)")
     p.add_argument("--sweep", action="store_true",
@@ -106,32 +111,47 @@ def main() -> None:
     width = -(-args.max_len // args.page)
     tables = block_tables(args.layout, args.batch, width, args.skew)
     num_blocks = int(tables.max()) + 1
-    k_cache = torch.randn(num_blocks, args.page, args.kv_heads, args.head_dim, device="cuda", dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
+    caches = Caches(args.layers, (num_blocks, args.page, args.kv_heads, args.head_dim), dtype)
     lens = contexts(args.batch, args.context, args.max_len, args.uniform).cuda()
     q = torch.randn(args.batch, args.heads, args.head_dim, device="cuda", dtype=dtype)
     scale = args.head_dim**-0.5
-    single = graph_ms(lambda: triton_ops.decode_attention_single(q, k_cache, v_cache, tables, lens, scale),
+    single = graph_ms(lambda: triton_ops.decode_attention_single(q, *caches.next(), tables, lens, scale),
                       args.calls, args.replays)
     warps = args.warps or triton_ops.DECODE_WARPS
-    split = graph_ms(lambda: triton_ops.decode_attention_split(q, k_cache, v_cache, tables, lens, scale, chunk,
+    split = graph_ms(lambda: triton_ops.decode_attention_split(q, *caches.next(), tables, lens, scale, chunk,
                                                                num_warps=warps), args.calls, args.replays)
-    kv_bytes = int(lens.sum()) * 2 * args.kv_heads * args.head_dim * k_cache.element_size()
+    kv_bytes = int(lens.sum()) * 2 * args.kv_heads * args.head_dim * caches.element_size
     print(json.dumps({
         "bench": "decode_attention", "batch": args.batch, "context_mean": round(lens.float().mean().item(), 1),
         "context_min": int(lens.min()), "context_max": int(lens.max()), "max_len": args.max_len,
         "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "page": args.page,
-        "layout": args.layout, "skew": args.skew,
+        "layout": args.layout, "skew": args.skew, "layers": args.layers,
         "chunk": chunk, "warps": warps, "dtype": args.dtype, "single_ms": round(single, 5), "split_ms": round(split, 5),
         "single_over_split": round(single / split, 3), "kv_mb": round(kv_bytes / 1e6, 2),
-        "split_gbps": round(kv_bytes / (split / 1e3) / 1e9, 1), "device": torch.cuda.get_device_name(),
+        "single_gbps": round(kv_bytes / (single / 1e3) / 1e9, 1), "split_gbps": round(kv_bytes / (split / 1e3) / 1e9, 1), "device": torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__, "commit": commit(),
     }), flush=True)
     if args.sweep:
-        sweep(q, k_cache, v_cache, tables, lens, scale, args)
+        sweep(q, caches, tables, lens, scale, args)
 
 
-def sweep(q, k_cache, v_cache, tables, lens, scale, args) -> None:
+class Caches:
+    """`layers` (k, v) cache pairs of `shape`; next() hands them out in turn, as the layers of a step read them."""
+
+    def __init__(self, layers: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        if layers < 1:
+            raise SystemExit(f"--layers {layers}: give at least 1")
+        self.pairs = [(torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype))
+                      for _ in range(layers)]
+        self.element_size = self.pairs[0][0].element_size()
+        self.i = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.i = (self.i + 1) % len(self.pairs)
+        return self.pairs[self.i]
+
+
+def sweep(q, caches, tables, lens, scale, args) -> None:
     from asyncrl.engine.torch import triton_ops
 
     rows = []
@@ -142,7 +162,7 @@ def sweep(q, k_cache, v_cache, tables, lens, scale, args) -> None:
                     if chunk % block_n:
                         continue
                     ms = graph_ms(lambda: triton_ops.decode_attention_split(
-                        q, k_cache, v_cache, tables, lens, scale, chunk, block_n=block_n, num_warps=warps,
+                        q, *caches.next(), tables, lens, scale, chunk, block_n=block_n, num_warps=warps,
                         num_stages=stages), args.calls, args.replays)
                     rows.append({"chunk": chunk, "block_n": block_n, "warps": warps, "stages": stages,
                                  "ms": round(ms, 5)})

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.profiler import record_function as stage  # named ranges in bench.learner --profile; ~free otherwise
+from asyncrl.stage import stage  # named ranges in bench.learner --profile
 
 from asyncrl import dtypes, records
 from asyncrl.learner import advantages as adv

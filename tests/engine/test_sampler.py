@@ -1,4 +1,4 @@
-"""Sampling: counter-based noise, Gumbel-max matches softmax, top-k / top-p, logprob definition."""
+"""Sampling: counter-based uniforms, inverse-CDF sampling matches softmax, top-k / top-p, logprob definition."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 
 from asyncrl.engine.torch import rng
-from asyncrl.engine.torch.sampler import SamplingBatch, mask_top_k_top_p, sample
+from asyncrl.engine.torch.sampler import SamplingBatch, inverse_cdf, mask_top_k_top_p, sample
 
 
 def batch(n: int, vocab: int, temperature=1.0, top_p=1.0, top_k=None, seed=0, steps=None) -> SamplingBatch:
@@ -28,7 +28,23 @@ def test_uniform_is_deterministic_in_range_and_row_independent():
     assert not torch.equal(u[0], u[1])
 
 
-def test_gumbel_max_samples_the_softmax():
+def test_row_uniform_is_column_zero_of_the_uniforms():
+    seeds, steps = torch.tensor([1, 2**62 + 5, 9]), torch.tensor([0, 7, 123456])
+    assert torch.equal(rng.row_uniform(seeds, steps), rng.uniform(seeds, steps, 4)[:, 0])
+
+
+def test_inverse_cdf_takes_the_first_token_whose_running_mass_exceeds_u():
+    probs = torch.tensor([0.1, 0.2, 0.0, 0.7])
+    scaled = torch.log(probs).repeat(5, 1)  # the zero becomes -inf, as top-k / top-p masking leaves it
+    u = torch.tensor([0.05, 0.1, 0.15, 0.31, 1 - 2**-24])
+    # running mass 0.1, 0.3, 0.3, 1.0: u = 0.1 is not exceeded by 0.1 (strictly greater), and the masked token
+    # is skipped although its running mass ties the one before it
+    assert inverse_cdf(scaled, u).tolist() == [0, 1, 1, 3, 3]
+    tail_masked = torch.log(torch.tensor([[0.6, 0.4, 0.0]]))
+    assert inverse_cdf(tail_masked, torch.tensor([1 - 2**-24])).tolist() == [1]  # never the masked tail
+
+
+def test_inverse_cdf_samples_the_softmax():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(20000, 1)
     tokens, _ = sample(logits, batch(20000, 5, temperature=0.8, seed=3))
     freq = torch.bincount(tokens, minlength=5).float() / 20000

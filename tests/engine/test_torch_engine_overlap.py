@@ -105,7 +105,8 @@ def test_overlap_is_off_on_cpu_by_default_and_not_with_deterministic(qwen2_path)
 def test_stop_and_eos_at_random_lengths(qwen2_path):
     def arrivals():
         return {0: [stopping(f"s{i}", i, n=1 + i % 3) for i in range(6)]
-                + [request("eos", [9, 8, 7], n=2, temperature=1.2, seed=99, max_new_tokens=40)]}
+                + [request("eos", [9, 8, 7], n=2, temperature=1.2, seed=99, max_new_tokens=40),
+                   request("short", [9, 8], n=2, temperature=1.0, seed=5, max_new_tokens=3, ignore_eos=True)]}
 
     def common_eos(eng):  # EOS proper: the tiny model's own EOS (1) is rare, so make common tokens EOS too
         eng.eos_token_ids = frozenset({1, 17, 23})
@@ -116,7 +117,7 @@ def test_stop_and_eos_at_random_lengths(qwen2_path):
 
     outs, eng = compare(qwen2_path, arrivals, actions)
     reasons = [o.finish_reason for o in outs]
-    assert reasons.count(FinishReason.STOP) >= 8 and FinishReason.LENGTH in reasons
+    assert reasons.count(FinishReason.STOP) >= 8 and FinishReason.LENGTH in reasons  # `short` ends by length
     assert {o.token_ids[-1] for o in outs if o.request_id == "eos" and o.finish_reason == FinishReason.STOP} <= {
         1, 17, 23}
     assert eng.counters["discarded_rows"] > 0  # a stop is seen after the next step was launched
@@ -246,10 +247,11 @@ def test_has_work_while_in_flight_and_score_after(qwen2_path):
 
 
 def mixed_arrivals() -> dict[int, list[GenerationRequest]]:
-    """Every path at once: stops, a top-k row, arrivals, a long sample in a small cache (preemption)."""
+    """Every path at once: stops, a top-k row, arrivals, long samples that cannot all fit the small cache
+    (3 × 16 blocks of 40: preemption whatever the stops do)."""
     return {0: [stopping(f"s{i}", i, n=1 + i % 3) for i in range(5)],
             3: [request("topk", [5, 6], temperature=1.0, top_k=10, seed=3, max_new_tokens=6)],
-            6: [request("long", [9, 9, 9], n=2, temperature=0.9, seed=4, max_new_tokens=60, ignore_eos=True)],
+            6: [request("long", [9, 9, 9], n=3, temperature=0.9, seed=4, max_new_tokens=60, ignore_eos=True)],
             14: [stopping("late", 11, n=2)]}
 
 

@@ -57,6 +57,19 @@ def test_fused_sampler_matches_the_torch_sampler(device, vocab):
     torch.testing.assert_close(out[1].float(), logprobs, rtol=0, atol=2e-5)
 
 
+def test_fused_sampler_draws_from_the_softmax(device):
+    from asyncrl.engine.torch.triton_sampler import sample_fused
+
+    rows, vocab = 1200, 2100  # two blocks of 2048, so the rescan crosses a block border
+    logits = torch.full((vocab,), -30.0)
+    logits[[0, 1, 2, 2047, 2048, 2099]] = torch.tensor([2.0, 1.0, 0.0, 0.5, 1.5, -1.0])
+    want = torch.softmax(logits / 0.8, -1)
+    out = sample_fused(logits.repeat(rows, 1).to(device), torch.full((rows,), 0.8, device=device),
+                       torch.arange(rows, device=device) * 7919, torch.zeros(rows, dtype=torch.int64, device=device))
+    freq = torch.bincount(out[0].cpu().long(), minlength=vocab).float() / rows
+    assert (freq - want).abs().max() < 0.05  # ~3.5 standard errors at 1,200 draws
+
+
 def test_forcing_the_sampled_token_scores_it_bitwise(device):
     from asyncrl.engine.torch.triton_sampler import sample_fused
 

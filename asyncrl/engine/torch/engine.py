@@ -29,6 +29,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
+from asyncrl.stage import stage
 
 from asyncrl import dtypes
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
@@ -174,16 +175,21 @@ class TorchEngine:
             return []
         finished, self._ready = self._ready, []
         if self._inflight is not None and not self.scheduler.waiting:  # nothing to admit: run ahead
-            ahead = self._decode_ahead()
+            with stage("engine.decode_ahead"):
+                ahead = self._decode_ahead()
             if ahead is not None:
                 return self._outputs(finished + ahead)
-        finished += self._drain()  # admission and preemption decide on the complete host state
-        groups = self.scheduler.schedule_prefill()
+        with stage("engine.drain"):
+            finished += self._drain()  # admission and preemption decide on the complete host state
+        with stage("engine.schedule_prefill"):
+            groups = self.scheduler.schedule_prefill()
         if groups:
             finished += self._prefill(groups)
-        seqs = self.scheduler.schedule_decode()
+        with stage("engine.schedule_decode"):
+            seqs = self.scheduler.schedule_decode()
         if seqs:
-            finished += self._decode(seqs)
+            with stage("engine.decode"):
+                finished += self._decode(seqs)
         return self._outputs(finished)
 
     def score(self, groups: list[ForcedGroup]) -> list[list[np.ndarray]]:

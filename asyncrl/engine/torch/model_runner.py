@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from asyncrl.stage import stage
 
 from asyncrl.engine.torch import triton_ops
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
@@ -66,20 +67,23 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, groups: list[SequenceGroup]) -> tuple[list[Sequence], torch.Tensor, torch.Tensor]:
         """Run the groups' prefill; -> (sequences that sampled, tokens [n], logprobs [n])."""
-        input_ids, positions, meta, last_rows = self.prepare_prefill(groups)
+        with stage("prefill.prepare"):
+            input_ids, positions, meta, last_rows = self.prepare_prefill(groups)
         fresh = [g for g in groups if not g.is_resume]
-        hidden = self.run_model(input_ids, positions, meta)
-        self.kv_cache.copy_blocks([pair for g in groups for pair in g.cow_pairs])
+        with stage("prefill.model"):
+            hidden = self.run_model(input_ids, positions, meta)
+            self.kv_cache.copy_blocks([pair for g in groups for pair in g.cow_pairs])
         if not fresh:
             return [], torch.empty(0, dtype=torch.int64), torch.empty(0)
-        seqs = [s for g in fresh for s in g.seqs]
-        logits = self.prefill_logits(hidden, fresh, last_rows)  # [num_samples, vocab]
-        batch = self.prepare_sampling(seqs)
-        if self.fused_sampling and not batch.needs_truncation:
-            sampled = sample_fused(logits, batch.temperatures, batch.seeds, batch.steps, batch.forced)
-            return seqs, *self._to_host(sampled, len(seqs))
-        tokens, logprobs = sample(logits.float(), batch)
-        return seqs, tokens.cpu(), logprobs.cpu()
+        with stage("prefill.sample"):
+            seqs = [s for g in fresh for s in g.seqs]
+            logits = self.prefill_logits(hidden, fresh, last_rows)  # [num_samples, vocab]
+            batch = self.prepare_sampling(seqs)
+            if self.fused_sampling and not batch.needs_truncation:
+                sampled = sample_fused(logits, batch.temperatures, batch.seeds, batch.steps, batch.forced)
+                return seqs, *self._to_host(sampled, len(seqs))
+            tokens, logprobs = sample(logits.float(), batch)
+            return seqs, tokens.cpu(), logprobs.cpu()
 
     def prefill_logits(self, hidden: torch.Tensor, fresh: list[SequenceGroup], last_rows: list[int]) -> torch.Tensor:
         """-> [num_samples, vocab] in the model dtype: each fresh group's last-row logits, once per

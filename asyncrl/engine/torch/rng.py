@@ -47,6 +47,7 @@ def uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.
     return ((x >> 9).float() + 0.5) * (2.0**-23)
 
 
-def gumbel(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """-> [batch, vocab] float32 standard Gumbel noise: argmax(logits + noise) samples softmax(logits)."""
-    return -torch.log(-torch.log(uniform(seeds, steps, vocab_size)))
+def row_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """-> [batch] float32: each row's one uniform for its step (column 0 of `uniform`), the draw that inverse-CDF
+    sampling turns into a token."""
+    return uniform(seeds, steps, 1)[:, 0]

@@ -2,7 +2,8 @@
 
 * Greedy (temperature 0): argmax of the logits; logprob = log_softmax(logits).
 * Otherwise: logits / T, top-k and top-p mask the tail of the sorted distribution (top-p keeps the
-  token that crosses p), then Gumbel-max with counter-based noise (`asyncrl.engine.torch.rng`).
+  token that crosses p), then inverse-CDF sampling (`inverse_cdf`) with one counter-based uniform per row
+  and step (`asyncrl.engine.torch.rng`).
   logprob = log_softmax(logits / T) over the full vocabulary, without the truncation: the same
   definition as SGLang (docs/sglang.md, "Logprobs"), computed in fp32.
 * Forced rows (scoring, `forced >= 0`) take the given token instead of the sampled one; its logprob
@@ -36,13 +37,26 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
     scaled = logits / temps[:, None]  # [batch, vocab]
     logprobs_all = torch.log_softmax(scaled, dim=-1)
     masked = mask_top_k_top_p(scaled, batch.top_ks, batch.top_ps) if batch.needs_truncation else scaled
-    noise = rng.gumbel(batch.seeds, batch.steps, logits.shape[-1])  # [batch, vocab]
-    sampled = (masked + noise).argmax(dim=-1)
+    sampled = inverse_cdf(masked, rng.row_uniform(batch.seeds, batch.steps))
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)  # [batch]
     if batch.forced is not None:
         tokens = torch.where(batch.forced >= 0, batch.forced, tokens)
     logprobs = logprobs_all.gather(-1, tokens[:, None])[:, 0]
     return tokens, logprobs
+
+
+def inverse_cdf(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The sampling rule, shared with the fused GPU sampler (`triton_sampler`): with p = exp(scaled - max) (unnormalised)
+    and the row's uniform u, the first token whose running sum of p exceeds u * sum(p); where rounding leaves
+    no such token, the last one with p > 0. A token of zero probability (masked to -inf) is never taken.
+    scaled: [batch, vocab] fp32; u: [batch] in (0, 1) -> tokens [batch] int64."""
+    p = torch.exp(scaled - scaled.max(dim=-1, keepdim=True).values)  # [batch, vocab]
+    cdf = p.cumsum(dim=-1)
+    target = u * cdf[:, -1]  # [batch]
+    first = (cdf <= target[:, None]).sum(dim=-1)  # entries at or below the target come before the token
+    ranks = torch.arange(scaled.shape[-1], device=scaled.device)
+    last = torch.where(p > 0, ranks, -1).max(dim=-1).values
+    return torch.minimum(first, last)
 
 
 def mask_top_k_top_p(scaled: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
