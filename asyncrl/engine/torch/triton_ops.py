@@ -78,28 +78,6 @@ if HAS_TRITON:
         tl.store(out_ptr + row * n_cols + cols, (w * h).to(dt), mask=mask)
 
     @triton.jit
-    def _add_rmsnorm_partials_kernel(p_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_ps, stride_pm, stride_r,
-                                     n_cols, eps, SPLITS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
-        """`_add_rmsnorm_kernel` whose x is the in-order sum of fp32 partials [splits, n, n_cols] (a GEMM split
-        over K, `triton_gemm.linear_partials`), rounded once to the output dtype as the GEMM's output would be."""
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        dt = out_ptr.dtype.element_ty
-        x = tl.zeros([BLOCK], tl.float32)
-        for s in range(0, SPLITS):
-            x += tl.load(p_ptr + s * stride_ps + row * stride_pm + cols, mask=mask, other=0.0)
-        x = x.to(dt).to(tl.float32)
-        if HAS_RES:
-            r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-            x = (x + r).to(dt).to(tl.float32)
-        tl.store(res_out_ptr + row * n_cols + cols, x.to(dt), mask=mask)
-        var = tl.sum(x * x, axis=0) / n_cols
-        h = (x * tl.rsqrt(var + eps)).to(dt).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * n_cols + cols, (w * h).to(dt), mask=mask)
-
-    @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, stride_x, n_cols, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -280,23 +258,6 @@ def add_rmsnorm(
     _add_rmsnorm_kernel[(n,)](
         x, res, weight, out, res_out, x.stride(0), res.stride(0), cols, eps,
         HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(cols), num_warps=4,
-    )
-    return out, res_out
-
-
-def add_rmsnorm_partials(
-    partials: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """partials: fp32 [splits, n, hidden] whose in-order sum, rounded to `dtype`, is x; residual [n, hidden]
-    -> (rmsnorm(x + residual) * weight, x + residual), as `add_rmsnorm` of that x."""
-    splits, n, cols = partials.shape
-    assert partials.stride(2) == 1 and partials.dtype == torch.float32
-    out = torch.empty((n, cols), dtype=dtype, device=partials.device)
-    res_out = torch.empty_like(out)
-    res = _rows(residual) if residual is not None else out
-    _add_rmsnorm_partials_kernel[(n,)](
-        partials, res, weight, out, res_out, partials.stride(0), partials.stride(1), res.stride(0), cols, eps,
-        SPLITS=splits, HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(cols), num_warps=4,
     )
     return out, res_out
 
