@@ -18,6 +18,8 @@ try:
     import triton
     import triton.language as tl
 
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
     HAS_TRITON = True
 except ImportError:  # CPU-only installs: the torch path is used
     HAS_TRITON = False
@@ -32,6 +34,27 @@ def runs_on(t: torch.Tensor) -> bool:
 
 def enabled(t: torch.Tensor) -> bool:
     return runs_on(t) and t.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+# Programmatic dependent launch (PDL, Hopper and later; compiled kernels only). A decode step is ~270 small kernels
+# in one CUDA graph, and each launch waits for the previous kernel to drain before its blocks are scheduled. Our
+# kernels are launched with the PDL attribute and begin with `griddepcontrol.wait`, which returns once the kernel
+# before has completed and its writes are visible: the launch and block scheduling overlap the previous kernel's
+# tail, the kernel's own memory work still starts after it. 0: off; 1: wait only (the previous kernel signals by
+# completing); 2: wait, then let the next PDL kernel launch at once (its blocks wait in `griddepcontrol.wait` for
+# this one to complete). Read at each launch (bench.generation --pdl compares them in one process).
+PDL_MODE = 1
+_pdl_devices: dict[int, bool] = {}
+
+
+def pdl(t: torch.Tensor) -> dict:
+    """Launch options of a kernel whose first operand is t: the PDL constexpr and Triton's launch flag."""
+    if PDL_MODE == 0 or not t.is_cuda:
+        return {"PDL": 0}
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    if index not in _pdl_devices:
+        _pdl_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return {"PDL": PDL_MODE, "launch_pdl": True} if _pdl_devices[index] else {"PDL": 0}
 
 
 _BLOCK_N = 64  # decode attention: tokens per tile
@@ -61,8 +84,18 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
+    def dependent_launch(PDL: tl.constexpr):
+        """A kernel's first statement under `pdl`: wait for the kernel before (PDL >= 1), then release the next
+        (PDL == 2). Nothing when PDL is 0 (the interpreter, CPUs, GPUs before Hopper)."""
+        if PDL >= 1:
+            gdc_wait()
+        if PDL == 2:
+            gdc_launch_dependents()
+
+    @triton.jit
     def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, n_cols, eps,
-                            HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                            HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        dependent_launch(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -78,7 +111,8 @@ if HAS_TRITON:
         tl.store(out_ptr + row * n_cols + cols, (w * h).to(dt), mask=mask)
 
     @triton.jit
-    def _silu_mul_kernel(x_ptr, out_ptr, stride_x, n_cols, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(x_ptr, out_ptr, stride_x, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        dependent_launch(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -103,7 +137,8 @@ if HAS_TRITON:
     def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache, v_cache,
                              q_out, k_out, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh,
                              H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                             WRITE_K: tl.constexpr):
+                             WRITE_K: tl.constexpr, PDL: tl.constexpr):
+        dependent_launch(PDL)
         n = tl.program_id(0).to(tl.int64)
         HALF: tl.constexpr = D // 2
         offs_d = tl.arange(0, D)
@@ -174,8 +209,10 @@ if HAS_TRITON:
     @triton.jit
     def _decode_attention_kernel(q_ptr, k_cache, v_cache, bt_ptr, ctx_ptr, out_ptr, stride_bt, scale,
                                  KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+                                 PDL: tl.constexpr):
         """Grid (batch, kv_heads): one program walks its sequence's whole context."""
+        dependent_launch(PDL)
         b = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
         ctx = tl.load(ctx_ptr + b).to(tl.int32)
@@ -191,9 +228,10 @@ if HAS_TRITON:
     def _decode_attention_split_kernel(q_ptr, k_cache, v_cache, bt_ptr, ctx_ptr, ml_ptr, acc_ptr, stride_bt, scale,
                                        num_splits, KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                                        PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                                       CHUNK: tl.constexpr, IEEE: tl.constexpr):
+                                       CHUNK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
         """Grid (batch, kv_heads, programs): program p takes chunks p, p + programs, ... of its row's
         context (none when p >= the row's chunk count) and writes each chunk's partial on its own."""
+        dependent_launch(PDL)
         b = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
         ctx = tl.load(ctx_ptr + b).to(tl.int32)
@@ -228,8 +266,9 @@ if HAS_TRITON:
     @triton.jit
     def _decode_attention_combine_kernel(ml_ptr, acc_ptr, ctx_ptr, out_ptr, num_splits, KV: tl.constexpr,
                                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                                         CHUNK: tl.constexpr):
+                                         CHUNK: tl.constexpr, PDL: tl.constexpr):
         """Grid (batch, kv_heads): folds the row's ceil(ctx / CHUNK) partials in chunk order."""
+        dependent_launch(PDL)
         b = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
         ctx = tl.load(ctx_ptr + b).to(tl.int32)
@@ -257,7 +296,7 @@ def add_rmsnorm(
     res = _rows(residual) if residual is not None else x
     _add_rmsnorm_kernel[(n,)](
         x, res, weight, out, res_out, x.stride(0), res.stride(0), cols, eps,
-        HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(cols), num_warps=4,
+        HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(cols), num_warps=4, **pdl(x),
     )
     return out, res_out
 
@@ -268,7 +307,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     n, cols = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((n, cols), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(n, triton.cdiv(cols, block))](gate_up, out, gate_up.stride(0), cols, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[(n, triton.cdiv(cols, block))](gate_up, out, gate_up.stride(0), cols, BLOCK=block, num_warps=4,
+                                                    **pdl(gate_up))
     return out
 
 
@@ -287,7 +327,7 @@ def rotary_store(
     _rotary_store_kernel[(n,)](
         q, k, v, positions, cos, sin, slot_mapping, k_cache, v_cache, q_out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        H=heads, KV=kv, D=d, BLOCK_H=triton.next_power_of_2(max(heads, 2)), WRITE_K=want_k, num_warps=4,
+        H=heads, KV=kv, D=d, BLOCK_H=triton.next_power_of_2(max(heads, 2)), WRITE_K=want_k, num_warps=4, **pdl(q),
     )
     return q_out, (k_out if want_k else None)
 
@@ -325,7 +365,7 @@ def decode_attention_single(
     _decode_attention_kernel[(batch, kv)](
         q, k_cache, v_cache, block_tables, context_lens, out, block_tables.stride(0), scale,
         KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=_BLOCK_N,
-        IEEE=q.dtype == torch.float32, num_warps=DECODE_WARPS, num_stages=2,
+        IEEE=q.dtype == torch.float32, num_warps=DECODE_WARPS, num_stages=2, **pdl(q),
     )
     return out
 
@@ -367,11 +407,11 @@ def decode_attention_split(
     _decode_attention_split_kernel[(batch, kv, programs)](
         q, k_cache, v_cache, block_tables, context_lens, ml, acc, block_tables.stride(0), scale, splits,
         KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=block_n, CHUNK=chunk,
-        IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
+        IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages, **pdl(q),
     )
     _decode_attention_combine_kernel[(batch, kv)](
         ml, acc, context_lens, out, splits, KV=kv, GROUP=group, D=d, BLOCK_H=_block_h(group), CHUNK=chunk,
-        num_warps=4,
+        num_warps=4, **pdl(q),
     )
     return out
 

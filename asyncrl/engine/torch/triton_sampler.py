@@ -35,11 +35,13 @@ from __future__ import annotations
 import torch
 
 from asyncrl.engine.torch import rng
-from asyncrl.engine.torch.triton_ops import HAS_TRITON
+from asyncrl.engine.torch.triton_ops import HAS_TRITON, pdl
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from asyncrl.engine.torch.triton_ops import dependent_launch
 
     @triton.jit
     def _mix32(x):
@@ -51,9 +53,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _sample_partial_kernel(logits_ptr, stride_l, temp_ptr, part_f_ptr, part_i_ptr, vocab, blocks_per_split,
-                               BLOCK_V: tl.constexpr):
+                               BLOCK_V: tl.constexpr, PDL: tl.constexpr):
         """Program (row, split): the split's blocks of the row -> the online log-softmax's (max, exp-sum) of the
         scaled logits in part_f [rows, splits, 2] fp32 and the max's first position in part_i [rows, splits]."""
+        dependent_launch(PDL)
         row = tl.program_id(0).to(tl.int64)
         split = tl.program_id(1)
         splits = tl.num_programs(1)
@@ -93,10 +96,11 @@ if HAS_TRITON:
     @triton.jit
     def _sample_combine_kernel(logits_ptr, stride_l, temp_ptr, seed_ptr, step_ptr, forced_ptr, part_f_ptr, part_i_ptr,
                                out_ptr, stride_o, vocab, splits, blocks_per_split, GOLDEN: tl.constexpr,
-                               SPLITS_P2: tl.constexpr, BLOCK_V: tl.constexpr):
+                               SPLITS_P2: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
         """Program row: the row's partials in split order -> the normaliser, then the token (`sampler.inverse_cdf`:
         the split where the running mass crosses u * total, then that split's blocks rescanned; greedy: the first
         position of the largest scaled logit) and its logprob."""
+        dependent_launch(PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, SPLITS_P2)
         live = offs < splits
@@ -173,9 +177,11 @@ def sample_fused(
     part_i = torch.empty((batch, splits), dtype=torch.int32, device=logits.device)  # position of the max
     _sample_partial_kernel[(batch, splits)](
         logits, logits.stride(0), temperatures, part_f, part_i, vocab, per, BLOCK_V=BLOCK_V, num_warps=8,
+        **pdl(logits),
     )
     _sample_combine_kernel[(batch,)](
         logits, logits.stride(0), temperatures, seeds, steps, forced, part_f, part_i, out, out.stride(0), vocab,
         splits, per, GOLDEN=rng._GOLDEN, SPLITS_P2=triton.next_power_of_2(splits), BLOCK_V=BLOCK_V, num_warps=8,
+        **pdl(logits),
     )
     return out[:, :batch]
