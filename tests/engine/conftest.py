@@ -79,4 +79,13 @@ def triton_device(request) -> str:
         pytest.skip("needs Triton")
     if request.param == "cpu" and not triton_ops._INTERPRET:
         pytest.skip("the kernel runs on CPU only with TRITON_INTERPRET=1 set for the whole run")
+    if request.param == "cpu":
+        import numpy as np
+        import triton
+
+        def version(text: str) -> tuple[int, int]:
+            return tuple(int(part) for part in text.split(".")[:2])
+
+        if version(triton.__version__) < (3, 7) and version(np.__version__) >= (2, 4):
+            pytest.skip(f"Triton {triton.__version__}'s interpreter needs numpy < 2.4 (int() of 1-element arrays)")
     return request.param

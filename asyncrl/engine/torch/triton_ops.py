@@ -1,6 +1,7 @@
 """Triton kernels of the decoder on GPU: fused residual-add + RMSNorm, SiLU-and-multiply, rotary +
 KV-cache store, and decode attention over the paged KV cache (in one pass, or split over the context
-and combined: `decode_attention` picks).
+and combined: `decode_attention` picks). At decode the attention kernels also rotate and store the step's
+own token (`NewTokens`), so a decode layer launches no rotary kernel.
 
 Each kernel reproduces the rounding of the Hugging Face eager code it replaces (bf16 results of the
 same fp32 math), so engine logprobs stay close to a learner's forward pass; they only save launches
@@ -11,6 +12,7 @@ importable, or any tensor under TRITON_INTERPRET=1 (the interpreter runs them on
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -192,11 +194,37 @@ if HAS_TRITON:
         return m, l, acc
 
     @triton.jit
-    def _load_q(q_ptr, b, kvh, KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr):
+    def _query(q_ptr, b, kvh, stride_qn, stride_qh, new_k, new_v, stride_kn, stride_kh, stride_vn, stride_vh, pos_ptr,
+               cos_ptr, sin_ptr, slot_ptr, k_cache, v_cache, store, KV: tl.constexpr, GROUP: tl.constexpr,
+               D: tl.constexpr, BLOCK_H: tl.constexpr, ROTARY: tl.constexpr):
+        """Row b's queries of kv head kvh -> [BLOCK_H, D] (rows past GROUP are 0). ROTARY: q is the projection's
+        output, rotated here as `_rotary_store_kernel` does, and when `store` the row's new token's k (rotated) and
+        v of this kv head go to its cache slot first, with a barrier, so the tiles that follow read them back."""
         offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, D)
+        hmask = offs_h < GROUP
         heads = kvh * GROUP + offs_h
-        rows = q_ptr + b * (KV * GROUP * D) + heads[:, None] * D + tl.arange(0, D)[None, :]
-        return tl.load(rows, mask=(offs_h < GROUP)[:, None], other=0.0)  # [BLOCK_H, D]
+        if ROTARY:
+            HALF: tl.constexpr = D // 2
+            pos = tl.load(pos_ptr + b)
+            cos = tl.load(cos_ptr + pos * D + offs_d).to(tl.float32)
+            sin = tl.load(sin_ptr + pos * D + offs_d).to(tl.float32)
+            sign = tl.where(offs_d < HALF, -1.0, 1.0)
+            q = _rotate(q_ptr, b * stride_qn, stride_qh, heads, offs_d, hmask, cos, sin, sign, HALF, D)
+            if store:
+                one = tl.arange(0, 2)  # the kv head's row, padded to two (a block needs >= 2 rows here)
+                kmask = one < 1
+                k = _rotate(new_k, b * stride_kn, stride_kh, kvh + one, offs_d, kmask, cos, sin, sign, HALF, D)
+                v = tl.load(new_v + b * stride_vn + (kvh + one)[:, None] * stride_vh + offs_d[None, :],
+                            mask=kmask[:, None])
+                dst = tl.load(slot_ptr + b) * KV * D + (kvh + one)[:, None] * D + offs_d[None, :]
+                tl.store(k_cache + dst, k, mask=kmask[:, None])
+                tl.store(v_cache + dst, v, mask=kmask[:, None])
+                tl.debug_barrier()  # the program's threads load this slot in its last tile
+        else:
+            q = tl.load(q_ptr + b * stride_qn + heads[:, None] * stride_qh + offs_d[None, :], mask=hmask[:, None],
+                        other=0.0)
+        return q
 
     @triton.jit
     def _store_out(out_ptr, out, b, kvh, KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
@@ -208,15 +236,18 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_attention_kernel(q_ptr, k_cache, v_cache, bt_ptr, ctx_ptr, out_ptr, stride_bt, scale,
+                                 stride_qn, stride_qh, new_k, new_v, stride_kn, stride_kh, stride_vn, stride_vh,
+                                 pos_ptr, cos_ptr, sin_ptr, slot_ptr,
                                  KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                                  BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-                                 PDL: tl.constexpr):
+                                 ROTARY: tl.constexpr, PDL: tl.constexpr):
         """Grid (batch, kv_heads): one program walks its sequence's whole context."""
         dependent_launch(PDL)
         b = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
         ctx = tl.load(ctx_ptr + b).to(tl.int32)
-        q = _load_q(q_ptr, b, kvh, KV, GROUP, D, BLOCK_H)
+        q = _query(q_ptr, b, kvh, stride_qn, stride_qh, new_k, new_v, stride_kn, stride_kh, stride_vn, stride_vh,
+                   pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache, v_cache, True, KV, GROUP, D, BLOCK_H, ROTARY)
         m = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, D], tl.float32)
@@ -226,11 +257,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _decode_attention_split_kernel(q_ptr, k_cache, v_cache, bt_ptr, ctx_ptr, ml_ptr, acc_ptr, stride_bt, scale,
-                                       num_splits, KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                                       num_splits, stride_qn, stride_qh, new_k, new_v, stride_kn, stride_kh,
+                                       stride_vn, stride_vh, pos_ptr, cos_ptr, sin_ptr, slot_ptr,
+                                       KV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                                        PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                                       CHUNK: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                                       CHUNK: tl.constexpr, IEEE: tl.constexpr, ROTARY: tl.constexpr,
+                                       PDL: tl.constexpr):
         """Grid (batch, kv_heads, programs): program p takes chunks p, p + programs, ... of its row's
-        context (none when p >= the row's chunk count) and writes each chunk's partial on its own."""
+        context (none when p >= the row's chunk count) and writes each chunk's partial on its own.
+        ROTARY: the program that takes the row's last chunk stores the new token's KV."""
         dependent_launch(PDL)
         b = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
@@ -238,7 +273,9 @@ if HAS_TRITON:
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, D)
         hmask = offs_h < GROUP
-        q = _load_q(q_ptr, b, kvh, KV, GROUP, D, BLOCK_H)
+        owner = ((ctx - 1) // CHUNK) % tl.num_programs(2) == tl.program_id(2)
+        q = _query(q_ptr, b, kvh, stride_qn, stride_qh, new_k, new_v, stride_kn, stride_kh, stride_vn, stride_vh,
+                   pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache, v_cache, owner, KV, GROUP, D, BLOCK_H, ROTARY)
         for c in range(tl.program_id(2), (ctx + CHUNK - 1) // CHUNK, tl.num_programs(2)):
             m = tl.full([BLOCK_H], float("-inf"), tl.float32)
             l = tl.zeros([BLOCK_H], tl.float32)
@@ -332,12 +369,44 @@ def rotary_store(
     return q_out, (k_out if want_k else None)
 
 
+@dataclass(frozen=True, slots=True)
+class NewTokens:
+    """The decode step's own token per row, not yet rotated nor cached: the attention kernels rotate q and k as
+    `rotary_store` does and write k, v to `slot_mapping` themselves (one launch fewer per layer). k, v:
+    [batch, kv_heads, d] (strided views of the qkv output may do); positions, slot_mapping [batch] int64;
+    cos, sin [max_positions, d] tables."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slot_mapping: torch.Tensor
+
+    def args(self, q: torch.Tensor) -> tuple:
+        """The kernels' (q strides, new k / v with their strides, positions, cos, sin, slots) arguments."""
+        assert q.stride(2) == self.k.stride(2) == self.v.stride(2) == 1
+        return (q.stride(0), q.stride(1), self.k, self.v, self.k.stride(0), self.k.stride(1), self.v.stride(0),
+                self.v.stride(1), self.positions, self.cos, self.sin, self.slot_mapping)
+
+
+def _query_args(q: torch.Tensor, new: NewTokens | None) -> tuple:
+    if new is not None:
+        return new.args(q)
+    assert q.stride(2) == 1
+    return (q.stride(0), q.stride(1), q, q, 0, 0, 0, 0, q, q, q, q)  # unread without ROTARY
+
+
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, single_pass: bool = False,
+    context_lens: torch.Tensor, scale: float, single_pass: bool = False, new: NewTokens | None = None,
 ) -> torch.Tensor:
-    """q: [batch, heads, d] contiguous; caches [num_blocks, page, kv_heads, d]; block_tables
+    """q: [batch, heads, d] (last dim contiguous); caches [num_blocks, page, kv_heads, d]; block_tables
     [batch, max_blocks]; context_lens [batch] (>= 1) -> [batch, heads, d].
+
+    new: q and the rows' new tokens as projected (`NewTokens`): rotated and written to the cache inside the
+    kernel, bitwise what `rotary_store` then this function compute. Without it, q is rotated and the caches
+    already hold every row's context.
 
     Split over the context when the table is wider than one chunk (max_blocks * page > SPLIT_CHUNK),
     else one pass. The rule reads only the table's width, never the contexts or the batch size, so it
@@ -348,24 +417,24 @@ def decode_attention(
     `SINGLE_PASS_MAX_CONTEXT`); a row longer than one chunk then rounds as the one-pass kernel does,
     which depends on the batch's choice, so deterministic mode never asks for it."""
     if not single_pass and block_tables.shape[1] * k_cache.shape[1] > SPLIT_CHUNK:
-        return decode_attention_split(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return decode_attention_single(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return decode_attention_split(q, k_cache, v_cache, block_tables, context_lens, scale, new=new)
+    return decode_attention_single(q, k_cache, v_cache, block_tables, context_lens, scale, new=new)
 
 
 def decode_attention_single(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float,
+    context_lens: torch.Tensor, scale: float, new: NewTokens | None = None,
 ) -> torch.Tensor:
     """`decode_attention` in one pass: one program per (sequence, kv head) walks the whole context
     in tiles of _BLOCK_N tokens (online softmax, the GQA heads of a kv head in one tile)."""
     batch, heads, d = q.shape
     page, kv = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv
-    out = torch.empty_like(q)
+    out = torch.empty((batch, heads, d), dtype=q.dtype, device=q.device)
     _decode_attention_kernel[(batch, kv)](
-        q, k_cache, v_cache, block_tables, context_lens, out, block_tables.stride(0), scale,
+        q, k_cache, v_cache, block_tables, context_lens, out, block_tables.stride(0), scale, *_query_args(q, new),
         KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=_BLOCK_N,
-        IEEE=q.dtype == torch.float32, num_warps=DECODE_WARPS, num_stages=2, **pdl(q),
+        IEEE=q.dtype == torch.float32, ROTARY=new is not None, num_warps=DECODE_WARPS, num_stages=2, **pdl(q),
     )
     return out
 
@@ -373,7 +442,7 @@ def decode_attention_single(
 def decode_attention_split(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, chunk: int = SPLIT_CHUNK, *, block_n: int = _BLOCK_N,
-    num_warps: int = DECODE_WARPS, num_stages: int = 2,
+    num_warps: int = DECODE_WARPS, num_stages: int = 2, new: NewTokens | None = None,
 ) -> torch.Tensor:
     """`decode_attention` split over the context (flash-decoding), in two launches. (block_n, num_warps,
     num_stages: the partials kernel's tile and launch; bench.decode_attention --sweep tries others.)
@@ -403,11 +472,12 @@ def decode_attention_split(
     programs = min(splits, max(1, _SPLIT_PROGRAMS // (batch * kv)))
     ml = torch.empty((batch, kv, splits, 2, group), dtype=torch.float32, device=q.device)
     acc = torch.empty((batch, kv, splits, group, d), dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    out = torch.empty((batch, heads, d), dtype=q.dtype, device=q.device)
     _decode_attention_split_kernel[(batch, kv, programs)](
         q, k_cache, v_cache, block_tables, context_lens, ml, acc, block_tables.stride(0), scale, splits,
-        KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=block_n, CHUNK=chunk,
-        IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages, **pdl(q),
+        *_query_args(q, new), KV=kv, GROUP=group, D=d, PAGE=page, BLOCK_H=_block_h(group), BLOCK_N=block_n,
+        CHUNK=chunk, IEEE=q.dtype == torch.float32, ROTARY=new is not None, num_warps=num_warps,
+        num_stages=num_stages, **pdl(q),
     )
     _decode_attention_combine_kernel[(batch, kv)](
         ml, acc, context_lens, out, splits, KV=kv, GROUP=group, D=d, BLOCK_H=_block_h(group), CHUNK=chunk,

@@ -68,15 +68,21 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if triton_ops.enabled(x):
             cos, sin = rotary.tables(rotary.max_positions, x.dtype, x.device)
-            q, k = triton_ops.rotary_store(
-                q, k, v, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, want_k=meta.is_prefill
-            )
+            if meta.is_prefill:
+                q, k = triton_ops.rotary_store(
+                    q, k, v, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, want_k=True
+                )
+                out = prefill_attention(q, k, v, meta.seq_lens, self.scale)
+            else:  # the attention kernel rotates the step's own token and writes its KV
+                new = triton_ops.NewTokens(k, v, positions, cos, sin, meta.slot_mapping)
+                out = triton_ops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
+                                                  self.scale, meta.single_pass, new)
         else:
             cos, sin = rotary(positions, x.dtype)  # [num_tokens, head_dim]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.is_prefill:
-            out = prefill_attention(q, k, v, meta.seq_lens, self.scale)
-        else:
-            out = decode_attention(q, k_cache, v_cache, meta, self.scale)
+            if meta.is_prefill:
+                out = prefill_attention(q, k, v, meta.seq_lens, self.scale)
+            else:
+                out = decode_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
