@@ -41,7 +41,7 @@ def _case(ctxs, width, device, dtype, *, heads=14, kv=2, d=64, page=16, seed=0):
     tables = torch.randperm(num_blocks, generator=gen)[: batch * width].view(batch, width)
     positions = torch.tensor(ctxs) - 1  # the new token is the context's last
     slots = tables.gather(1, (positions // page)[:, None])[:, 0] * page + positions % page
-    rotary = RotaryEmbedding(default_inv_freq(d, 10000.0), max_positions=width * page)
+    rotary = RotaryEmbedding(default_inv_freq(d, 10000.0), max_positions=width * page).to(device)
     cos, sin = rotary.tables(width * page, dtype, torch.device(device))
     qkv = qkv.to(device, dtype)
     q, k, v = qkv.split([heads * d, kv * d, kv * d], -1)
