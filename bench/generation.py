@@ -185,7 +185,7 @@ def profile_parts(eng, batch: int, ctx: int) -> dict:
     """Milliseconds of the decode step's parts at `batch` rows (eager launches, median of repeats)."""
     import triton.testing
 
-    from asyncrl.engine.torch import triton_ops
+    from asyncrl.engine.torch import triton_attention
     from asyncrl.engine.torch.triton_sampler import sample_fused
 
     cfg, dev = eng.arch, eng.device
@@ -208,7 +208,7 @@ def profile_parts(eng, batch: int, ctx: int) -> dict:
         "sampler_ms": bench(lambda: sample_fused(logits, temps, seeds, seeds)),
         "lm_head_ms": bench(lambda: eng.model.compute_logits(h, fp32=False)),
         "attention_layer_ms": bench(
-            lambda: triton_ops.decode_attention(q, k_cache, v_cache, tables, lens, cfg.head_dim**-0.5)),
+            lambda: triton_attention.decode_attention(q, k_cache, v_cache, tables, lens, cfg.head_dim**-0.5)),
         "mlp_layer_ms": bench(lambda: layer.mlp(mlp_in)),
         "qkv_o_proj_ms": bench(lambda: (layer.self_attn.project(mlp_in), layer.self_attn.o_proj(mlp_in))),
         "profile_ctx": ctx,

@@ -161,7 +161,7 @@ class DecodeBuffers:
 class DecodeGraphs:
     """One captured graph per (bucket size, single_pass); `step(size, single_pass=...)` is the eager decode step
     being captured and must return (logits [size, vocab], sampled [2, size]). single_pass: the variant whose
-    decode attention never splits a context (`triton_ops.SINGLE_PASS_MAX_CONTEXT`), captured only for the
+    decode attention never splits a context (`triton_attention.SINGLE_PASS_MAX_CONTEXT`), captured only for the
     sizes the runner replays it at."""
 
     def __init__(self, step: Callable[..., tuple[torch.Tensor, torch.Tensor]], keys: list[tuple[int, bool]]) -> None:

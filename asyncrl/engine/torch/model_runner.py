@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from asyncrl.stage import stage
 
-from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch import triton_attention, triton_ops
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.decode_graphs import DecodeBuffers, DecodeGraphs, bucket_sizes
 from asyncrl.engine.torch.kv_cache import KVCache
@@ -146,7 +146,7 @@ class ModelRunner:
 
     def single_pass(self, size: int) -> bool:
         """Whether the step staged last, at `size` rows, runs its decode attention in one pass."""
-        return size in self.single_pass_sizes and self.buffers.max_context <= triton_ops.SINGLE_PASS_MAX_CONTEXT
+        return size in self.single_pass_sizes and self.buffers.max_context <= triton_attention.SINGLE_PASS_MAX_CONTEXT
 
     def _run_decode(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         single = self.single_pass(size)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch import triton_attention, triton_ops
 
 
 @dataclass(kw_only=True, slots=True)
@@ -26,7 +26,7 @@ class AttentionMetadata:
     seq_lens: list[int]  # prefill: new tokens per sequence (they are packed back to back)
     block_tables: torch.Tensor | None = None  # decode: [batch, max_blocks] int64, padded with 0
     context_lens: torch.Tensor | None = None  # decode: [batch] int64, cached tokens incl. the new one
-    single_pass: bool = False  # decode: one pass over each context, never split (`triton_ops.decode_attention`)
+    single_pass: bool = False  # decode: one pass over each context, never split (`triton_attention.decode_attention`)
 
 
 def store_kv(
@@ -67,7 +67,7 @@ def decode_attention(
     """q: [batch, num_heads, head_dim] -> [batch, num_heads, head_dim]."""
     assert meta.block_tables is not None and meta.context_lens is not None
     if triton_ops.enabled(q):
-        return triton_ops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
+        return triton_attention.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
                                            meta.single_pass)
     return decode_attention_torch(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
 

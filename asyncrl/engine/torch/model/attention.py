@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch import triton_attention, triton_ops
 from asyncrl.engine.torch.model.config import ArchConfig
 from asyncrl.engine.torch.model.layers import (
     RMSNorm,
@@ -74,8 +74,8 @@ class Attention(nn.Module):
                 )
                 out = prefill_attention(q, k, v, meta.seq_lens, self.scale)
             else:  # the attention kernel rotates the step's own token and writes its KV
-                new = triton_ops.NewTokens(k, v, positions, cos, sin, meta.slot_mapping)
-                out = triton_ops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
+                new = triton_attention.NewTokens(k, v, positions, cos, sin, meta.slot_mapping)
+                out = triton_attention.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
                                                   self.scale, meta.single_pass, new)
         else:
             cos, sin = rotary(positions, x.dtype)  # [num_tokens, head_dim]
