@@ -329,8 +329,8 @@ def main() -> None:
     parser.add_argument("--rl-groups", type=int, default=32)
     parser.add_argument("--rl-n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--rl-max-new", type=int, default=1024)
-    parser.add_argument("--pdl", default="", help="comma list of programmatic-dependent-launch modes to run in turn "
-                        "(triton_ops.PDL_MODE: 0 off, 1, 2); default: the engine's")
+    parser.add_argument("--pdl", default="", help="comma list of programmatic dependent launch settings to run in "
+                        "turn (triton_ops.PDL: 0 off, 1 on); default: the engine's")
     parser.add_argument("--repeats", type=int, default=1, help="run each case this many times (modes alternating)")
     args = parser.parse_args()
     if args.rl:
@@ -345,12 +345,12 @@ def main() -> None:
     from asyncrl.engine.torch import triton_ops
 
     bw = copy_bandwidth()
-    modes = [int(m) for m in args.pdl.split(",")] if args.pdl else [triton_ops.PDL_MODE]
+    modes = [bool(int(m)) for m in args.pdl.split(",")] if args.pdl else [triton_ops.PDL]
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for _ in range(args.repeats):
                 for mode in modes:
-                    triton_ops.PDL_MODE = mode
+                    triton_ops.PDL = mode
                     row = bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
                                      args.deterministic, False if args.no_overlap else None, args.trace,
                                      args.max_prefill_tokens, args.kv_block_size)

@@ -11,13 +11,14 @@ importable, or any tensor under TRITON_INTERPRET=1 (the interpreter runs them on
 from __future__ import annotations
 
 import os
+
 import torch
 
 try:
     import triton
     import triton.language as tl
 
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    from triton.language.extra.cuda import gdc_wait
 
     HAS_TRITON = True
 except ImportError:  # CPU-only installs: the torch path is used
@@ -35,26 +36,25 @@ def enabled(t: torch.Tensor) -> bool:
     return runs_on(t) and t.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
-# Programmatic dependent launch (PDL, Hopper and later; compiled kernels only). A decode step is ~270 small kernels
+# Programmatic dependent launch (PDL, Hopper and later; compiled kernels only). A decode step is ~220 small kernels
 # in one CUDA graph, and each launch waits for the previous kernel to drain before its blocks are scheduled. Our
 # kernels are launched with the PDL attribute and begin with `griddepcontrol.wait`, which returns once the kernel
 # before has completed and its writes are visible: the launch and block scheduling overlap the previous kernel's
-# tail, the kernel's own memory work still starts after it. 0: off; 1: wait only (the previous kernel signals by
-# completing); 2: wait, then let the next PDL kernel launch at once (its blocks wait in `griddepcontrol.wait` for
-# this one to complete). Read at each launch (bench.generation --pdl compares them in one process).
-PDL_MODE = 1
+# tail, the kernel's own memory work still starts after it (0.5B decode graph 1.70 -> 1.60 ms, H200; letting the
+# next kernel launch before this one ends was slower: docs/engine-perf.md). Read at each launch, so a graph captures
+# the setting in force (bench.generation --pdl 0,1 compares both in one process).
+PDL = True
 _pdl_devices: dict[int, bool] = {}
 
 
 def pdl(t: torch.Tensor) -> dict:
     """Launch options of a kernel whose first operand is t: the PDL constexpr and Triton's launch flag."""
-    if PDL_MODE == 0 or not t.is_cuda:
-        return {"PDL": 0}
+    if not PDL or not t.is_cuda:
+        return {"PDL": False}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     if index not in _pdl_devices:
         _pdl_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return {"PDL": PDL_MODE, "launch_pdl": True} if _pdl_devices[index] else {"PDL": 0}
-
+    return {"PDL": True, "launch_pdl": True} if _pdl_devices[index] else {"PDL": False}
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -65,12 +65,10 @@ if HAS_TRITON:
 
     @triton.jit
     def dependent_launch(PDL: tl.constexpr):
-        """A kernel's first statement under `pdl`: wait for the kernel before (PDL >= 1), then release the next
-        (PDL == 2). Nothing when PDL is 0 (the interpreter, CPUs, GPUs before Hopper)."""
-        if PDL >= 1:
+        """A kernel's first statement under `pdl`: wait for the kernel before it. Nothing without PDL (the
+        interpreter, CPUs, GPUs before Hopper)."""
+        if PDL:
             gdc_wait()
-        if PDL == 2:
-            gdc_launch_dependents()
 
     @triton.jit
     def _add_rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, n_cols, eps,
@@ -104,7 +102,7 @@ if HAS_TRITON:
 
     @triton.jit
     def rotate_heads(x_ptr, row_off, stride_h, heads, offs_d, hmask, cos, sin, sign, HALF: tl.constexpr,
-                D: tl.constexpr):
+                     D: tl.constexpr):
         dt = x_ptr.dtype.element_ty
         ptrs = x_ptr + row_off + heads[:, None] * stride_h
         x = tl.load(ptrs + offs_d[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
