@@ -1,7 +1,9 @@
-"""Attention over the paged KV cache: torch SDPA (the portable backend) or, on GPU, the Triton
-kernels of `asyncrl.engine.torch.triton_ops` (same cache layout, no per-step gather or padding).
+"""Attention over the paged KV cache, the portable torch path (SDPA), and the metadata every path reads.
+On GPU the model calls the Triton kernels instead, on the same cache layout: `triton_ops.rotary_store` and
+this module's `prefill_attention` at prefill, `triton_attention.decode_attention` at decode (rotary and the new
+token's KV store inside).
 
-The model calls three functions per layer:
+The portable path calls three functions per layer:
 
 * `store_kv`: write the new tokens' K/V into their slots (slot = block_id * block_size + offset).
 * `prefill_attention`: causal attention within each new sequence (prefill never reads cached KV:
@@ -15,8 +17,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from asyncrl.engine.torch import triton_attention, triton_ops
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,9 +66,6 @@ def decode_attention(
 ) -> torch.Tensor:
     """q: [batch, num_heads, head_dim] -> [batch, num_heads, head_dim]."""
     assert meta.block_tables is not None and meta.context_lens is not None
-    if triton_ops.enabled(q):
-        return triton_attention.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
-                                           meta.single_pass)
     return decode_attention_torch(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
 
 

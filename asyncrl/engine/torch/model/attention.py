@@ -76,7 +76,7 @@ class Attention(nn.Module):
             else:  # the attention kernel rotates the step's own token and writes its KV
                 new = triton_attention.NewTokens(k, v, positions, cos, sin, meta.slot_mapping)
                 out = triton_attention.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
-                                                  self.scale, meta.single_pass, new)
+                                                        self.scale, meta.single_pass, new)
         else:
             cos, sin = rotary(positions, x.dtype)  # [num_tokens, head_dim]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
