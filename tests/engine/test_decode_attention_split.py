@@ -12,7 +12,6 @@ included, so it cannot be switched on for one test):
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -24,32 +23,17 @@ pytestmark = pytest.mark.filterwarnings(  # Triton < 3.7's interpreter under num
 
 CUDA = torch.cuda.is_available()
 CHUNK = triton_attention.SPLIT_CHUNK
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")])]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-@pytest.fixture(params=DEVICES)
-def device(request):
-    if not triton_ops.HAS_TRITON:
-        pytest.skip("needs Triton")
-    if request.param == "cpu":
-        if not triton_ops._INTERPRET:
-            pytest.skip("the kernels run on CPU only with TRITON_INTERPRET=1 set for the whole run")
-        import triton
-
-        if _version(triton.__version__) < (3, 7) and _version(np.__version__) >= (2, 4):
-            pytest.skip(f"Triton {triton.__version__}'s interpreter needs numpy < 2.4 (int() of 1-element arrays)")
-    return request.param
+@pytest.fixture
+def device(triton_device):
+    return triton_device
 
 
 def _skip_bf16_on_cpu(device: str, dtype: torch.dtype) -> None:
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("the interpreter's tl.dot multiplies bf16 as its raw uint16 bits (fp16 stands in on CPU)")
-
-
-def _version(text: str) -> tuple[int, int]:
-    major, minor = text.split(".")[:2]
-    return int(major), int(minor)
 
 
 def _case(ctxs, width, device, dtype, *, group=7, d=64, kv=2, page=16, seed=0):
