@@ -91,7 +91,8 @@ def hf_decode(hf, ids: torch.Tensor, plen: int) -> tuple[torch.Tensor, list[torc
     return torch.stack(steps, 1), [torch.cat(z, 1) for z in zip(*layer_steps)]
 
 
-def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emulate: bool) -> torch.Tensor:
+def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emulate: bool,
+                   dtype: str = "bfloat16") -> torch.Tensor:
     """The learner's forward (Trainer-built policy, eval mode, no grad) over packs of 16 sequences."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
@@ -103,7 +104,8 @@ def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emul
 
     torch._dynamo.reset()
     inductor_config.emulate_precision_casts = emulate
-    trainer = Trainer(LearnerConfig(compile=compile_), path, device=torch.device(DEV, 0) if DEV == "cuda" else DEV)
+    trainer = Trainer(LearnerConfig(compile=compile_), path, dtype=dtype,
+                      device=torch.device(DEV, 0) if DEV == "cuda" else DEV)
     trainer.policy.eval()
     n, total = ids.shape
     rows = []
@@ -136,6 +138,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--skip", default="", help="comma-separated scorers to leave out")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                        help="the model's (and so the engine's and learner's) compute dtype")
     parser.add_argument("--cpu", action="store_true", help="allow CPU (checks the script; not a measurement)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -146,7 +150,7 @@ def main() -> None:
                              "--cpu runs it on CPU to check the script")
         DEV = "cpu"
     max_len = args.prompt_len + args.output_len + 16
-    hf = build_hf(args.shape, max_len, device=DEV)
+    hf = build_hf(args.shape, max_len, device=DEV, dtype=getattr(torch, args.dtype))
     batch = prompts(args.prompts, args.prompt_len, seed=5)
     eng = make_engine(hf, args.prompts, max_len)
     _, outs, _ = run_engine(eng, batch, args.output_len)
@@ -171,13 +175,13 @@ def main() -> None:
         for name, comp, emul in (("learner", False, False), ("learner_c", True, False), ("learner_ce", True, True)):
             if name not in skip:
                 try:
-                    scores[name] = learner_scores(path, ids, plen, comp, emul)
+                    scores[name] = learner_scores(path, ids, plen, comp, emul, args.dtype)
                 except Exception as e:  # one scorer's failure still leaves the others' numbers
                     errors[name] = f"{type(e).__name__}: {e}"[:300]
     hf32 = hf.float()
     scores["fp32"], f32_layers = hf_full(hf32, ids, plen, 16, layers=True)
     profiles["hf_vs_fp32"] = layer_profile(hf_layers, f32_layers)
-    row = {"bench": "agreement_sources", "shape": args.shape, "prompts": args.prompts, "prompt_len": plen,
+    row = {"bench": "agreement_sources", "shape": args.shape, "dtype": args.dtype, "prompts": args.prompts, "prompt_len": plen,
            "output_len": args.output_len, "tokens": scores["engine"].numel(),
            "vs_engine": {k: _stats(v, scores["engine"]) for k, v in scores.items() if k != "engine"},
            "vs_fp32": {k: _stats(v, scores["fp32"]) for k, v in scores.items() if k != "fp32"},

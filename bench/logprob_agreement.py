@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--init-std", type=float, default=0.02, help="initializer_range of the random model")
     parser.add_argument("--deterministic", action="store_true", help="engine in deterministic mode")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--model", default="",
                         help='a trained model instead of a random one ("embedded": the embedded arithmetic model, '
                              "prompted with its task's problems; responses run to --output-len or EOS)")
