@@ -60,6 +60,12 @@ class LearnerConfig:
     """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Gradient clipping (global norm); 0 disables clipping (the norm is still reported)."""
+    loss_scale_init: float = 65536.0
+    """fp16 only (`model.dtype = "float16"`): the first dynamic loss scale (learner/loss_scale.py). It halves on
+    every step whose gradients overflow (that step's update is skipped) and doubles after
+    `loss_scale_growth_interval` clean steps."""
+    loss_scale_growth_interval: int = 200
+    """fp16 only: clean optimizer steps in a row before the loss scale doubles."""
     clip_eps_low: float = 0.2
     clip_eps_high: float | Literal["auto"] = "auto"
     """PPO ratio clip range [1 - low, 1 + high]; auto: 0.28 for dapo (clip-higher), else = clip_eps_low."""
@@ -159,6 +165,12 @@ class LearnerConfig:
             raise ValueError(f"learner.adam_betas={self.adam_betas}: give two values in [0, 1), e.g. [0.9, 0.999]")
         if self.adam_eps <= 0:
             raise ValueError(f"learner.adam_eps={self.adam_eps}: must be > 0")
+        if self.loss_scale_init <= 0 or self.loss_scale_init == float("inf"):
+            raise ValueError(f"learner.loss_scale_init={self.loss_scale_init}: must be a positive finite number "
+                             "(typical 65536)")
+        if self.loss_scale_growth_interval < 1:
+            raise ValueError(f"learner.loss_scale_growth_interval={self.loss_scale_growth_interval}: must be >= 1 "
+                             "(typical 200)")
         if self.max_grad_norm < 0:
             raise ValueError(f"learner.max_grad_norm={self.max_grad_norm}: must be >= 0 (0 disables clipping)")
         for name in ("clip_eps_low", "clip_eps_high"):

@@ -10,6 +10,7 @@ from torch import nn
 
 from asyncrl.learner import fsdp
 from asyncrl.learner.config import LearnerConfig
+from asyncrl.learner.loss_scale import LossScale
 
 
 def build_optimizer(params: Iterable[nn.Parameter], cfg: LearnerConfig) -> torch.optim.AdamW:
@@ -39,7 +40,8 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: LearnerConfig) -> torch.opt
 
 
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
-                   optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
+                   optimizer: torch.optim.Optimizer | None = None,
+                   loss_scale: LossScale | None = None) -> torch.Tensor:
     """Clip to max_norm (0: no clipping) and return the global pre-clip L2 norm as a 0-d device tensor (read
     with the step's other metrics: reading it here would stall the host until the backward drains).
 
@@ -52,7 +54,12 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
     With a fused `optimizer` (AdamW on GPU) the coefficient is not applied here: the optimizer gets
     1 / coefficient as its `grad_scale`, the hook through which AMP's GradScaler unscales gradients, and divides
     every gradient by it inside its one kernel. That saves a read and a write of all fp32 gradients (~1 ms a
-    step for 0.5B on an H200); the update differs from multiply-then-step by float rounding only."""
+    step for 0.5B on an H200); the update differs from multiply-then-step by float rounding only.
+
+    With an enabled `loss_scale` (fp16) the gradients are S times the true ones: the returned norm and the clip
+    are the unscaled ones, the division by S joins the coefficient (the fused optimizer's grad_scale, or the
+    one multiply), and an overflow (non-finite norm) sets `loss_scale.found_inf`, which the fused optimizer
+    reads to skip its update (`step` skips the others')."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
@@ -64,16 +71,31 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
         squared = total.square()
         torch.distributed.all_reduce(squared, group=mesh.get_group())
         total = squared.sqrt()
+    scaled = loss_scale is not None and loss_scale.enabled
+    if scaled:
+        total = loss_scale.unscale_norm(total)
     fused = optimizer is not None and _is_fused(optimizer)
     if fused:
         optimizer.grad_scale = None  # no stale scale from an earlier step
-    if max_norm > 0:
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        optimizer.found_inf = loss_scale.found_inf if scaled else None
+    if max_norm > 0 or scaled:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0) if max_norm > 0 else torch.ones_like(total)
+        if scaled:
+            coef = coef / loss_scale.scale  # [0-d] undo S in the same pass
         if fused:
             optimizer.grad_scale = 1.0 / coef  # read by the next step(): fused AdamW divides the gradients by it
         else:
             torch._foreach_mul_(local, coef.to(local[0].dtype))
     return total.detach()
+
+
+def step(optimizer: torch.optim.Optimizer, loss_scale: LossScale) -> None:
+    """The optimizer step after `clip_grad_norm`, skipped when the fp16 gradients overflowed; then the loss
+    scale's update. A fused optimizer skips on the device (its found_inf); another needs the host to know."""
+    overflowed = loss_scale.enabled and not _is_fused(optimizer) and bool(loss_scale.found_inf.item())
+    if not overflowed:
+        optimizer.step()
+    loss_scale.update()
 
 
 def _is_fused(optimizer: torch.optim.Optimizer) -> bool:

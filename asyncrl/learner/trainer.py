@@ -38,14 +38,17 @@ from asyncrl.learner import advantages as adv
 from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner import export as exp
-from asyncrl.learner import fsdp, lean_attention, losses
+from asyncrl.learner import fsdp, lean_attention, losses, optim
 from asyncrl.learner.batch_tensors import MicroBatch, to_device
 from asyncrl.learner.config import LearnerConfig
+from asyncrl.learner.loss_scale import LossScale
 from asyncrl.learner.model import PolicyModel, load_hf
-from asyncrl.learner.optim import build_optimizer, build_scheduler, clip_grad_norm
 from asyncrl.learner.prepare import PreparedBatch, prepare_batch
 from asyncrl.learner.rescorer import Rescorer
 from asyncrl.learner.step_stats import StepStats
+
+_LOSS_SCALE_KEY = "learner_loss_scale"  # fp16's loss scale state rides in the checkpoint's extra dict
+
 
 class Trainer:
     def __init__(self, cfg: LearnerConfig, model_path: str, *, dtype: str = "auto",
@@ -71,8 +74,10 @@ class Trainer:
         # unsharded compute-dtype copy from the first forward on (fsdp.ComputeCopy).
         self.masters = list(self.policy.hf.named_parameters())
         self.compute_copy = fsdp.ComputeCopy(self.policy)
-        self.optimizer = build_optimizer(self.policy.parameters(), cfg)
-        self.scheduler = build_scheduler(self.optimizer, cfg)
+        self.optimizer = optim.build_optimizer(self.policy.parameters(), cfg)
+        self.scheduler = optim.build_scheduler(self.optimizer, cfg)
+        self.loss_scale = LossScale(self.dist.device, enabled=self.dtype == torch.float16, init=cfg.loss_scale_init,
+                                    growth_interval=cfg.loss_scale_growth_interval)
         self.checkpoints = ckpt.CheckpointWriter()
         self.version = 0  # policy version of the current weights (generators stamp tokens with it)
         self.step = 0  # last completed learner step
@@ -115,7 +120,9 @@ class Trainer:
         self.step = batch.step
         with stage("stats"):
             metrics = {**prep.metrics, **stats.reduce(len(prep.mini_batches))}
-            grad_norm = torch.stack(grad_norms).max().item() if grad_norms else 0.0
+            grad_norm = _largest_norm(grad_norms, self.loss_scale.enabled)
+            if self.loss_scale.enabled:
+                metrics.update(loss_scale=self.loss_scale.scale.item(), skipped_updates=self.loss_scale.skipped.item())
         metrics.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(len(grad_norms)),
                        policy_version=float(self.version), step_time_s=time.perf_counter() - t0)
         return metrics
@@ -211,8 +218,9 @@ class Trainer:
                 fsdp.accumulating(self.policy, last=i == len(mbs) - 1)
                 self._backward(mb, stats)
             with stage("optimizer"):
-                grad_norms.append(clip_grad_norm(self._trainable(), self.cfg.max_grad_norm, self.optimizer))
-                self.optimizer.step()
+                grad_norms.append(optim.clip_grad_norm(self._trainable(), self.cfg.max_grad_norm, self.optimizer,
+                                                       self.loss_scale))
+                optim.step(self.optimizer, self.loss_scale)
                 self.compute_copy.refresh()
         return grad_norms
 
@@ -243,7 +251,7 @@ class Trainer:
             stats.add_masked_sum("value_clip_frac", vclipped, mb.mask)
         loss = losses.aggregate(token_loss, mb.agg_weights)
         with stage("backward"):
-            (loss * self.dist.world_size).backward()
+            self.loss_scale.scaled(loss * self.dist.world_size).backward()
         stats.add_terms({"loss": loss, **terms})
         stats.add_tokens(mb, entropy, clipped)
 
@@ -260,8 +268,11 @@ class Trainer:
         """Atomic checkpoint of the whole learner state at `self.step` (collective: every rank calls it).
         With `background`, returns after the snapshot (`self.checkpoints.finished()` reports the write), or
         None when skipped because the previous write is still going."""
+        extra = dict(extra or {})
+        if self.loss_scale.enabled:
+            extra[_LOSS_SCALE_KEY] = self.loss_scale.state_dict()
         taken = self.checkpoints.save(run_dir, model=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-                                      step=self.step, policy_version=self.version, extra=extra or {},
+                                      step=self.step, policy_version=self.version, extra=extra,
                                       keep=self.cfg.keep_checkpoints, background=background)
         return Path(run_dir) / "checkpoints" / f"step-{self.step:08d}" if taken else None
 
@@ -274,12 +285,25 @@ class Trainer:
         """Restore a checkpoint (collective); returns its `extra` dict (e.g. the hub's commit point)."""
         meta = ckpt.load_checkpoint(path, model=self.policy, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step, self.version = meta.step, meta.policy_version
-        return meta.extra
+        extra = dict(meta.extra)
+        self.loss_scale.load_state_dict(extra.pop(_LOSS_SCALE_KEY, {}))
+        return extra
 
     def export(self, out_dir: str | Path) -> Path:
         """Plain Hugging Face folder of the current policy (collective; rank 0 writes)."""
         return exp.export_hf(self.named_full_tensors(), self.policy.hf.config, self.model_path, out_dir,
                              write=self.dist.rank == 0)
+
+
+def _largest_norm(grad_norms: list[Tensor], loss_scaled: bool) -> float:
+    """The step's reported grad_norm: the largest over its optimizer steps. With fp16 loss scaling an
+    overflowed (skipped) update's norm is inf by design and counted in `skipped_updates` instead."""
+    if not grad_norms:
+        return 0.0
+    norms = torch.stack(grad_norms)
+    if loss_scaled:
+        norms = torch.where(torch.isfinite(norms), norms, torch.zeros_like(norms))
+    return norms.max().item()
 
 
 def _packed_logprobs(mb: MicroBatch, rescored: dict[int, np.ndarray]) -> Tensor:

@@ -47,6 +47,28 @@ def test_cuda_bf16_generates(tiny_models):
     assert eng.blocks.num_free == eng.blocks.num_blocks
 
 
+def test_cuda_fp16_generates_and_agrees_with_hf(tiny_models):
+    """model.dtype = "float16": fp16 KV cache and kernels; logprobs within fp16 noise of Hugging Face's fp16
+    forward (the learner's side), and closer than bf16's (docs/learner.md, "Training in fp16")."""
+    path = tiny_models["qwen2"]
+    prompts = {"a": PROMPT, "b": PROMPT[:4], "c": PROMPT[2:]}
+    temps = {"a": 0.8, "b": 0.0, "c": 1.0}
+    mean = {}
+    for dtype in ("float16", "bfloat16"):
+        eng = engine(path, device="cuda", dtype=dtype)
+        assert eng.kv_cache.k.dtype == getattr(torch, dtype)
+        outs = drain(eng, {0: _requests()})
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).cuda()
+        deltas = []
+        for (rid, _), out in outs.items():
+            assert np.isfinite(out.logprobs).all()
+            ref = hf_logprobs(hf, prompts[rid], out.token_ids, temps[rid]).cpu()
+            deltas.append((ref - torch.from_numpy(out.logprobs)).abs())
+        mean[dtype] = torch.cat(deltas).mean().item()
+    assert mean["float16"] <= 1e-3
+    assert mean["float16"] <= mean["bfloat16"], mean
+
+
 def test_single_pass_graphs_agree_with_split_graphs(tmp_path, tiny_factory):
     """A batch with a (row, kv head) program for every SM and contexts of at most two chunks replays the graphs whose
     decode attention runs in one pass; their tokens and logprobs are the split graphs' up to fp32 rounding (the
