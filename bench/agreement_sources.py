@@ -12,6 +12,7 @@ shapes). The same tokens are then scored by:
     learner     the learner's forward (asyncrl.learner.trainer.Trainer, FSDP2, packed varlen attention), eager
     learner_c   the same with `compile = true` (Inductor fuses norms, rotary, SwiGLU)
     learner_ce  compiled with Inductor's `emulate_precision_casts` (eager's intermediate roundings)
+    learner_sdpa  the learner eager with `attn_implementation = "sdpa"` (padded batches, torch's attention)
     fp32        Hugging Face in fp32 on the same (bf16-valued) weights: the exact function, for reference
 
 and prints one JSON line: for each scorer its mean / p99 |delta logp| against the engine and against fp32, and
@@ -32,7 +33,7 @@ import torch
 from bench.generation import build_hf, commit, make_engine, prompts, run_engine
 
 DEV = "cuda"
-SCORERS = ("hf", "hf_c5", "hf_head32", "hf_decode", "learner", "learner_c", "learner_ce")
+SCORERS = ("hf", "hf_c5", "hf_head32", "hf_decode", "learner", "learner_c", "learner_ce", "learner_sdpa")
 
 
 def _stats(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
@@ -92,7 +93,7 @@ def hf_decode(hf, ids: torch.Tensor, plen: int) -> tuple[torch.Tensor, list[torc
 
 
 def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emulate: bool,
-                   dtype: str = "bfloat16") -> torch.Tensor:
+                   dtype: str = "bfloat16", attn: str = "auto") -> torch.Tensor:
     """The learner's forward (Trainer-built policy, eval mode, no grad) over packs of 16 sequences."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
@@ -104,7 +105,7 @@ def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emul
 
     torch._dynamo.reset()
     inductor_config.emulate_precision_casts = emulate
-    trainer = Trainer(LearnerConfig(compile=compile_), path, dtype=dtype,
+    trainer = Trainer(LearnerConfig(compile=compile_, attn_implementation=attn), path, dtype=dtype,
                       device=torch.device(DEV, 0) if DEV == "cuda" else DEV)
     trainer.policy.eval()
     n, total = ids.shape
@@ -172,10 +173,11 @@ def main() -> None:
         del dec_layers
     with tempfile.TemporaryDirectory() as path:
         hf.save_pretrained(path)
-        for name, comp, emul in (("learner", False, False), ("learner_c", True, False), ("learner_ce", True, True)):
+        for name, comp, emul, attn in (("learner", False, False, "auto"), ("learner_c", True, False, "auto"),
+                                       ("learner_ce", True, True, "auto"), ("learner_sdpa", False, False, "sdpa")):
             if name not in skip:
                 try:
-                    scores[name] = learner_scores(path, ids, plen, comp, emul, args.dtype)
+                    scores[name] = learner_scores(path, ids, plen, comp, emul, args.dtype, attn)
                 except Exception as e:  # one scorer's failure still leaves the others' numbers
                     errors[name] = f"{type(e).__name__}: {e}"[:300]
     hf32 = hf.float()

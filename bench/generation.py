@@ -22,6 +22,7 @@ measured in the same run, divided by the measured step time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import os
@@ -227,10 +228,10 @@ def commit() -> str:
 def bench_case(
     shape: str, batch: int, prompt_len: int, output_len: int, bw: float, skip_hf: bool, profile: bool = False,
     deterministic: bool = False, overlap: bool | None = None, trace: str = "", max_prefill_tokens: int = 16384,
-    kv_block_size: int = 16,
+    kv_block_size: int = 16, dtype: str = "bfloat16",
 ) -> dict:
     max_len = prompt_len + output_len + 16
-    hf = build_hf(shape, max_len)
+    hf = build_hf(shape, max_len, dtype=getattr(torch, dtype))
     eng = make_engine(hf, batch, max_len, deterministic=deterministic, overlap=overlap,
                       max_prefill_tokens=max_prefill_tokens, kv_block_size=kv_block_size)
     kv_per_token = 2 * eng.arch.num_layers * eng.arch.num_kv_heads * eng.arch.head_dim * 2
@@ -241,7 +242,7 @@ def bench_case(
     ideal = sum(wbytes + ctx * kv_per_token for ctx in dec["ctx_tokens"]) / bw
     row = {
         "bench": "generation", "shape": shape, "batch": batch, "prompt_len": prompt_len, "output_len": output_len,
-        "dtype": "bfloat16", "engine_tok_s": round(batch * output_len / wall, 1), "engine_wall_s": round(wall, 3),
+        "dtype": dtype, "engine_tok_s": round(batch * output_len / wall, 1), "engine_wall_s": round(wall, 3),
         "decode_step_ms": round(1e3 * dec["decode_s"] / max(dec["decode_steps"], 1), 3),
         "other_steps_s": round(wall - dec["decode_s"], 3),  # the steps with a prefill, and the last read-back
         "roofline_frac": round(ideal / dec["decode_s"], 3) if dec["decode_s"] else None,
@@ -331,6 +332,8 @@ def main() -> None:
     parser.add_argument("--rl-max-new", type=int, default=1024)
     parser.add_argument("--pdl", default="", help="comma list of programmatic dependent launch settings to run in "
                         "turn (triton_ops.PDL: 0 off, 1 on); default: the engine's")
+    parser.add_argument("--dtypes", default="bfloat16", help="comma list of model dtypes to run in turn "
+                        "(bfloat16, float16)")
     parser.add_argument("--repeats", type=int, default=1, help="run each case this many times (modes alternating)")
     args = parser.parse_args()
     if args.rl:
@@ -349,11 +352,11 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for _ in range(args.repeats):
-                for mode in modes:
+                for mode, dtype in itertools.product(modes, args.dtypes.split(",")):
                     triton_ops.PDL = mode
                     row = bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
                                      args.deterministic, False if args.no_overlap else None, args.trace,
-                                     args.max_prefill_tokens, args.kv_block_size)
+                                     args.max_prefill_tokens, args.kv_block_size, dtype)
                     print(json.dumps({**row, "pdl": mode}), flush=True)
 
 

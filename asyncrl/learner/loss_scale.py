@@ -23,6 +23,7 @@ from torch import Tensor
 
 GROWTH_FACTOR = 2.0
 BACKOFF_FACTOR = 0.5
+MIN_SCALE = 1.0  # an overflow at S <= 1 is the true gradients' or the forward's (past fp16's 65504), not S's
 
 
 class LossScale:
@@ -54,6 +55,15 @@ class LossScale:
         self.skipped += self.found_inf
         torch._amp_update_scale_(self.scale, self._clean_steps, self.found_inf, GROWTH_FACTOR, BACKOFF_FACTOR,
                                  self.growth_interval)
+
+    def check(self, scale: float) -> None:
+        """After each step, with the scale read on the host: an overflow that backed S off to below 1 happened
+        at S <= 1, where no scaling is to blame; fail clearly instead of halving S towards 0."""
+        if self.enabled and scale < MIN_SCALE and self.found_inf.item():
+            raise FloatingPointError(
+                f"fp16 loss scale fell to {scale:g} (< {MIN_SCALE:g}) after {self.skipped.item():.0f} overflowed "
+                "updates: this model's fp16 forward or backward leaves fp16's range (|x| > 65504) at any scale. "
+                'Train it with model.dtype = "bfloat16" (bf16 has fp32\'s exponent range)')
 
     def state_dict(self) -> dict[str, float | int]:
         """Host values (a checkpoint's; reads the device)."""

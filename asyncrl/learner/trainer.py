@@ -15,7 +15,8 @@ One learner step, on every rank (each gets the whole batch; prepare.py deals who
 Every rank runs the same number of micro-batches (fillers pad the short ones), so FSDP's collectives
 line up. Losses carry the global normaliser (losses.aggregation_weights) and are scaled by world size
 because FSDP averages gradients over ranks: the update equals the single-process update on the batch.
-Compute runs in bf16 on GPU through FSDP2's mixed precision (a lone process joins a one-rank group),
+Compute runs in bf16 on GPU through FSDP2's mixed precision (a lone process joins a one-rank group; in fp16
+with dynamic loss scaling, loss_scale.py, when model.dtype = "float16"),
 attention is variable-length over the pack (attention.py) and the lm_head is fused with the logprob
 (linear_logprob.py).
 """
@@ -123,6 +124,7 @@ class Trainer:
             grad_norm = _largest_norm(grad_norms, self.loss_scale.enabled)
             if self.loss_scale.enabled:
                 metrics.update(loss_scale=self.loss_scale.scale.item(), skipped_updates=self.loss_scale.skipped.item())
+                self.loss_scale.check(metrics["loss_scale"])
         metrics.update(grad_norm=grad_norm, lr=lr, optimizer_steps=float(len(grad_norms)),
                        policy_version=float(self.version), step_time_s=time.perf_counter() - t0)
         return metrics

@@ -104,6 +104,20 @@ def test_deterministic_mode_proximal_equals_behaviour_bitwise(tmp_path):
         assert m["is_weight_mean"] == 1.0, m
 
 
+def test_fp16_run_trains_with_a_loss_scale(tmp_path):
+    """model.dtype = float16 end to end: fp16 engine, fp16 weight push, fp16 learner with dynamic loss scaling
+    (reported every step). Synchronous, so the mismatch metric is the engine-vs-learner gap alone."""
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, "hub.max_staleness=0", "learner.steps=4", "model.dtype=float16")
+    assert proc.returncode == 0, proc.output
+    ms = metrics(run_dir)
+    assert len(ms) == 4
+    for m in ms:
+        assert m["loss_scale"] >= 1.0 and m["skipped_updates"] <= 1.0, m
+        assert m["behav_prox_logp_absdiff"] < 5e-3, m
+    assert summary(run_dir)["accounting"]["lost"] == 0
+
+
 def test_killed_learner_resumes_without_dropping_or_repeating(tmp_path):
     run_dir = tmp_path / "run"
     sets = ("learner.steps=8", "learner.checkpoint_every=3")

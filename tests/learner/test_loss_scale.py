@@ -46,6 +46,19 @@ def test_overflow_halves_and_clean_window_doubles():
     assert fresh.state_dict() == state == {"scale": 512.0, "clean_steps": 1, "skipped": 2.0}
 
 
+def test_a_scale_below_one_is_a_clear_error():
+    """Overflow at every scale means the fp16 forward itself overflows: say so instead of halving S to 0."""
+    ls = LossScale(torch.device("cpu"), enabled=True, init=1.0)
+    ls.check(1.0)
+    ls.unscale_norm(torch.tensor(2.0))
+    ls.check(0.5)  # a small scale by itself is no error (loss_scale_init may be < 1)
+    ls.unscale_norm(torch.tensor(float("inf")))
+    ls.update()
+    with pytest.raises(FloatingPointError, match='model.dtype = "bfloat16"'):
+        ls.check(ls.scale.item())
+    LossScale(torch.device("cpu"), enabled=False).check(0.0)  # bf16 / fp32: nothing to check
+
+
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("max_norm", [0.0, 0.5])
 def test_scaled_gradients_give_the_unscaled_update(fused, max_norm):
