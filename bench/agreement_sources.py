@@ -114,11 +114,12 @@ def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emul
         part = ids[s : s + 16]
         c = part.shape[0]
         gather = torch.cat([torch.arange(plen - 1, total - 1, device=DEV) + i * total for i in range(c)])
+        # the pack's boundaries go to the varlen kernel only, as in Trainer._forward (sdpa reads position_ids)
+        varlen = (attention.cu_seqlens([total] * c).to(DEV), total) if trainer.attn == attention.NAME else (None, 0)
         with torch.no_grad(), autocast(trainer.dist, trainer.dtype):
             logp, _, _ = trainer.policy(
                 part.reshape(1, -1), torch.arange(total, device=DEV).repeat(c)[None], gather,
-                part[:, plen:].reshape(-1), torch.ones(gather.numel(), device=DEV),
-                attention.cu_seqlens([total] * c).to(DEV), total)
+                part[:, plen:].reshape(-1), torch.ones(gather.numel(), device=DEV), *varlen)
         rows.append(logp.view(c, -1))
     inductor_config.emulate_precision_casts = False
     del trainer
