@@ -53,7 +53,12 @@ def build_hf(shape: str, max_len: int, seed: int = 0, init_std: float = 0.02, dt
     )
     torch.manual_seed(seed)
     with torch.device(device):
-        model = transformers.Qwen2ForCausalLM(config).to(dtype)
+        model = transformers.Qwen2ForCausalLM(config)
+    # Parameters in `dtype`, buffers (the rotary's inv_freq) kept fp32, as `from_pretrained(dtype=...)` leaves
+    # them: `.to(dtype)` would round the rotary frequencies, and the learner, which loads a saved folder with
+    # from_pretrained, would then run another position encoding than the engine built from this model.
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
     return model.eval()
 
 
