@@ -11,7 +11,9 @@ class ModelConfig:
     path: str = "embedded"
     """A Hugging Face causal-LM folder, or "embedded" for the tiny built-in model (built on first use)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Parameter dtype: "auto" is bfloat16 on GPU, float32 on CPU."""
+    """Compute dtype of the engine and the learner (the learner's master weights stay fp32): "auto" is bfloat16
+    on GPU, float32 on CPU. "float16" makes engine and learner logprobs agree ~8x closer at the same speed, with
+    dynamic loss scaling in the learner (docs/learner.md, "Training in fp16")."""
 
     def __post_init__(self) -> None:
         if not self.path:
