@@ -93,7 +93,7 @@ def hf_decode(hf, ids: torch.Tensor, plen: int) -> tuple[torch.Tensor, list[torc
 
 
 def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emulate: bool,
-                   dtype: str = "bfloat16", attn: str = "auto") -> torch.Tensor:
+                   dtype: str = "bfloat16", attn: str = "auto", residual_fp32: bool = False) -> torch.Tensor:
     """The learner's forward (Trainer-built policy, eval mode, no grad) over packs of 16 sequences."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
@@ -106,6 +106,7 @@ def learner_scores(path: str, ids: torch.Tensor, plen: int, compile_: bool, emul
     torch._dynamo.reset()
     inductor_config.emulate_precision_casts = emulate
     trainer = Trainer(LearnerConfig(compile=compile_, attn_implementation=attn), path, dtype=dtype,
+                      residual_fp32=residual_fp32,
                       device=torch.device(DEV, 0) if DEV == "cuda" else DEV)
     trainer.policy.eval()
     n, total = ids.shape
@@ -142,6 +143,8 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated scorers to leave out")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
                         help="the model's (and so the engine's and learner's) compute dtype")
+    parser.add_argument("--residual-fp32", action="store_true",
+                        help="model.residual_fp32 on every side: engine, Hugging Face scorers, learner")
     parser.add_argument("--cpu", action="store_true", help="allow CPU (checks the script; not a measurement)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -154,7 +157,7 @@ def main() -> None:
     max_len = args.prompt_len + args.output_len + 16
     hf = build_hf(args.shape, max_len, device=DEV, dtype=getattr(torch, args.dtype))
     batch = prompts(args.prompts, args.prompt_len, seed=5)
-    eng = make_engine(hf, args.prompts, max_len)
+    eng = make_engine(hf, args.prompts, max_len, residual_fp32=args.residual_fp32)
     _, outs, _ = run_engine(eng, batch, args.output_len)
     eng.close()
     outs.sort(key=lambda o: int(o.request_id[1:]))
@@ -162,6 +165,10 @@ def main() -> None:
     resp = torch.tensor([o.token_ids.tolist() for o in outs], device=DEV)
     ids = torch.cat([torch.tensor(batch, device=DEV), resp], 1)  # [N, P + L]
     scores = {"engine": torch.tensor([o.logprobs.tolist() for o in outs], device=DEV)}
+    if args.residual_fp32:
+        from asyncrl.learner import residual_stream
+
+        residual_stream.install(hf)  # the fp32 reference below is unchanged by it (its stream is fp32 anyway)
     scores["hf"], hf_layers = hf_full(hf, ids, plen, 16, layers=True)
     if "hf_c5" not in skip:
         scores["hf_c5"], _ = hf_full(hf, ids, plen, 5)
@@ -178,13 +185,14 @@ def main() -> None:
                                        ("learner_ce", True, True, "auto"), ("learner_sdpa", False, False, "sdpa")):
             if name not in skip:
                 try:
-                    scores[name] = learner_scores(path, ids, plen, comp, emul, args.dtype, attn)
+                    scores[name] = learner_scores(path, ids, plen, comp, emul, args.dtype, attn,
+                                                  args.residual_fp32)
                 except Exception as e:  # one scorer's failure still leaves the others' numbers
                     errors[name] = f"{type(e).__name__}: {e}"[:300]
     hf32 = hf.float()
     scores["fp32"], f32_layers = hf_full(hf32, ids, plen, 16, layers=True)
     profiles["hf_vs_fp32"] = layer_profile(hf_layers, f32_layers)
-    row = {"bench": "agreement_sources", "shape": args.shape, "dtype": args.dtype, "prompts": args.prompts, "prompt_len": plen,
+    row = {"bench": "agreement_sources", "shape": args.shape, "dtype": args.dtype, "residual_fp32": args.residual_fp32, "prompts": args.prompts, "prompt_len": plen,
            "output_len": args.output_len, "tokens": scores["engine"].numel(),
            "vs_engine": {k: _stats(v, scores["engine"]) for k, v in scores.items() if k != "engine"},
            "vs_fp32": {k: _stats(v, scores["fp32"]) for k, v in scores.items() if k != "fp32"},

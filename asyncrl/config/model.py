@@ -14,6 +14,11 @@ class ModelConfig:
     """Compute dtype of the engine and the learner (the learner's master weights stay fp32): "auto" is bfloat16
     on GPU, float32 on CPU. "float16" makes engine and learner logprobs agree ~8x closer at the same speed, with
     dynamic loss scaling in the learner (docs/learner.md, "Training in fp16")."""
+    residual_fp32: bool = False
+    """Keep the residual stream (what each layer adds into and the norms read) in fp32 in both the torch engine
+    and the learner, instead of rounding it to the compute dtype after every add: less rounding noise on each
+    side, so closer engine and learner logprobs (docs/learner.md). No effect in float32. The torch engine
+    only: an SGLang server rounds its stream, so the learner must too."""
 
     def __post_init__(self) -> None:
         if not self.path:

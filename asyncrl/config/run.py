@@ -40,6 +40,12 @@ class RunConfig:
                 "has a single reward, so every group would be dropped; set samples_per_prompt >= 2 or "
                 "filter_groups = \"off\""
             )
+        if self.model.residual_fp32 and self.generator.engine != "torch":
+            raise ValueError(
+                f"model.residual_fp32=true needs generator.engine='torch' (now {self.generator.engine!r}): an "
+                "SGLang server rounds its residual stream to the compute dtype, and the learner must compute what "
+                "the generator does; set model.residual_fp32 = false"
+            )
         need = 2 * self.learner.checkpoint_every + 1  # commits trail a background write by up to 2 intervals
         if self.hub.max_uncommitted_steps < need:
             raise ValueError(

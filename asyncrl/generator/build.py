@@ -29,7 +29,8 @@ def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
     from asyncrl.engine.torch.engine import TorchEngine
 
     return TorchEngine(model_path, device=device, dtype=cfg.model.dtype, max_running=cfg.generator.max_running,
-                       seed=cfg.generator.seed, deterministic=cfg.generator.deterministic)
+                       seed=cfg.generator.seed, deterministic=cfg.generator.deterministic,
+                       residual_fp32=cfg.model.residual_fp32)
 
 
 def build_generator(

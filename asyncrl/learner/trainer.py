@@ -39,7 +39,7 @@ from asyncrl.learner import advantages as adv
 from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner import export as exp
-from asyncrl.learner import fsdp, lean_attention, losses, optim
+from asyncrl.learner import fsdp, lean_attention, losses, optim, residual_stream
 from asyncrl.learner.batch_tensors import MicroBatch, to_device
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.loss_scale import LossScale
@@ -53,9 +53,12 @@ _LOSS_SCALE_KEY = "learner_loss_scale"  # fp16's loss scale state rides in the c
 
 class Trainer:
     def __init__(self, cfg: LearnerConfig, model_path: str, *, dtype: str = "auto",
-                 device: str | torch.device | None = None, seed: int = 0, rescorer: Rescorer | None = None) -> None:
-        """rescorer: deterministic mode's source of proximal logprobs (rescorer.py); None: the policy's forward."""
+                 device: str | torch.device | None = None, seed: int = 0, rescorer: Rescorer | None = None,
+                 residual_fp32: bool = False) -> None:
+        """rescorer: deterministic mode's source of proximal logprobs (rescorer.py); None: the policy's forward.
+        residual_fp32: an fp32 residual stream in the decoder (residual_stream.py; ModelConfig.residual_fp32)."""
         self.cfg = cfg
+        self.residual_fp32 = residual_fp32
         self.rescorer = rescorer
         self.model_path = model_path
         device = fsdp.dist_info(device).device
@@ -87,6 +90,8 @@ class Trainer:
         hf = load_hf(path, self.attn)
         if self.attn == attention.NAME:  # token-major attention forward for packed rows (same parameters)
             lean_attention.install(hf)
+        if self.residual_fp32:
+            residual_stream.install(hf)
         if trainable and self.cfg.activation_checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.cfg.compile:

@@ -106,9 +106,10 @@ def test_deterministic_mode_proximal_equals_behaviour_bitwise(tmp_path):
 
 def test_fp16_run_trains_with_a_loss_scale(tmp_path):
     """model.dtype = float16 end to end: fp16 engine, fp16 weight push, fp16 learner with dynamic loss scaling
-    (reported every step). Synchronous, so the mismatch metric is the engine-vs-learner gap alone."""
+    (reported every step), both sides on an fp32 residual stream (model.residual_fp32). Synchronous, so the
+    mismatch metric is the engine-vs-learner gap alone."""
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, "hub.max_staleness=0", "learner.steps=4", "model.dtype=float16")
+    proc = launch(run_dir, "hub.max_staleness=0", "learner.steps=4", "model.dtype=float16", "model.residual_fp32=true")
     assert proc.returncode == 0, proc.output
     ms = metrics(run_dir)
     assert len(ms) == 4

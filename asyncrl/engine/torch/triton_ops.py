@@ -80,9 +80,10 @@ if HAS_TRITON:
         dt = out_ptr.dtype.element_ty
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_RES:
+            rdt = res_out_ptr.dtype.element_ty  # the stream's dtype: the compute dtype, or fp32
             r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-            x = (x + r).to(dt).to(tl.float32)  # the residual stream is rounded like torch's add
-            tl.store(res_out_ptr + row * n_cols + cols, x.to(dt), mask=mask)
+            x = (x + r).to(rdt).to(tl.float32)  # the residual stream is rounded like torch's add
+            tl.store(res_out_ptr + row * n_cols + cols, x.to(rdt), mask=mask)
         var = tl.sum(x * x, axis=0) / n_cols
         h = (x * tl.rsqrt(var + eps)).to(dt).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -141,11 +142,12 @@ if HAS_TRITON:
 def add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, residual: [n, hidden] -> (rmsnorm(x + residual) * weight, x + residual)."""
+    """x, residual: [n, hidden] -> (rmsnorm(x + residual) * weight, x + residual). The sum keeps the residual's
+    dtype (the compute dtype, or fp32 for an fp32 stream, torch's type promotion); the norm is in x's."""
     x = _rows(x)
     n, cols = x.shape
     out = torch.empty_like(x)
-    res_out = torch.empty_like(x) if residual is not None else x
+    res_out = torch.empty_like(residual, memory_format=torch.contiguous_format) if residual is not None else x
     res = _rows(residual) if residual is not None else x
     _add_rmsnorm_kernel[(n,)](
         x, res, weight, out, res_out, x.stride(0), res.stride(0), cols, eps,

@@ -30,10 +30,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, residual, rotary, positions, meta, k_cache, v_cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, h, residual, rotary, positions, meta, k_cache, v_cache,
+                stream_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """h: this layer's input delta [num_tokens, hidden]; residual: the stream before it (None in
-        layer 0). -> (mlp output, stream after attention): the next layer adds them in its norm."""
-        x, residual = self.input_layernorm.add_forward(h, residual)
+        layer 0; stream_fp32: start it in fp32). -> (mlp output, stream after attention): the next layer adds
+        them in its norm."""
+        x, residual = self.input_layernorm.add_forward(h, residual, stream_fp32)
         h = self.self_attn(x, rotary, positions, meta, k_cache, v_cache)
         x, residual = self.post_attention_layernorm.add_forward(h, residual)
         return self.mlp(x), residual
@@ -48,6 +50,7 @@ class DecoderModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(
             default_inv_freq(cfg.head_dim, cfg.rope_theta), max_positions=cfg.max_position_embeddings
         )
+        self.residual_fp32 = False  # the residual stream in fp32 (ModelConfig.residual_fp32); set before graphs
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: LayerCache
@@ -56,7 +59,7 @@ class DecoderModel(nn.Module):
         residual = None
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache.layer(i)
-            h, residual = layer(h, residual, self.rotary_emb, positions, meta, k_cache, v_cache)
+            h, residual = layer(h, residual, self.rotary_emb, positions, meta, k_cache, v_cache, self.residual_fp32)
         return self.norm.add_forward(h, residual)[0]
 
 

@@ -19,15 +19,21 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
-        dtype = x.dtype
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim] in the weight's dtype
+        """Hugging Face's roundings (normalise in fp32, round to the compute dtype, scale); an fp32 residual
+        stream (`add_forward`'s stream_fp32) is rounded to the weight's dtype, the compute dtype, the same way."""
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return self.weight * h.to(self.weight.dtype)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (norm(x + residual), x + residual); residual None means x is the stream itself.
-        One fused kernel on GPU; the same roundings as `residual + x` then `forward`."""
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                    stream_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (norm(x + residual), x + residual); residual None means x is the stream itself, kept in x's
+        dtype or, with stream_fp32, as fp32 (then every later `residual + x` is fp32: the residual stream is
+        rounded once per layer less). One fused kernel on GPU; the same roundings as `residual + x` then
+        `forward`."""
+        if residual is None and stream_fp32:
+            residual, x = x.float(), torch.zeros_like(x)
         if triton_ops.enabled(x) and x.dim() == 2 and self.weight.dtype == x.dtype:
             return triton_ops.add_rmsnorm(x, residual, self.weight, self.eps)
         h = x if residual is None else residual + x
