@@ -64,12 +64,20 @@ def test_embedded_default_learns_and_changes_every_parameter(tmp_path):
     assert {n.split("-")[0] for n in run["pids"]} == {"replay", "generator", "reward", "learner"}
 
 
-def test_synchronous_mode_trains_only_fresh_samples(tmp_path):
+def test_synchronous_fp16_mode_trains_only_fresh_samples_with_a_loss_scale(tmp_path):
+    """hub.max_staleness = 0 trains only fresh samples. The same run is fp16 end to end (model.dtype: fp16
+    engine, fp16 weight push, fp16 learner with dynamic loss scaling, reported every step) on an fp32 residual
+    stream (model.residual_fp32) on both sides; synchronous, so the mismatch metric is the engine-vs-learner
+    gap alone."""
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, "hub.max_staleness=0", "learner.steps=5")
+    proc = launch(run_dir, "hub.max_staleness=0", "learner.steps=5", "model.dtype=float16", "model.residual_fp32=true")
     assert proc.returncode == 0, proc.output
-    for m in metrics(run_dir):
+    ms = metrics(run_dir)
+    assert len(ms) == 5
+    for m in ms:
         assert m["staleness_max"] == 0 and set(m["staleness_hist"]) == {"0"}, m
+        assert m["loss_scale"] >= 1.0 and m["skipped_updates"] <= 1.0, m
+        assert m["behav_prox_logp_absdiff"] < 5e-3, m
     assert summary(run_dir)["accounting"]["lost"] == 0
 
 
@@ -102,21 +110,6 @@ def test_deterministic_mode_proximal_equals_behaviour_bitwise(tmp_path):
         assert m["staleness_max"] == 0, m
         assert m["behav_prox_logp_absdiff"] == 0.0 and m["behav_prox_logp_absdiff_p99"] == 0.0, m
         assert m["is_weight_mean"] == 1.0, m
-
-
-def test_fp16_run_trains_with_a_loss_scale(tmp_path):
-    """model.dtype = float16 end to end: fp16 engine, fp16 weight push, fp16 learner with dynamic loss scaling
-    (reported every step), both sides on an fp32 residual stream (model.residual_fp32). Synchronous, so the
-    mismatch metric is the engine-vs-learner gap alone."""
-    run_dir = tmp_path / "run"
-    proc = launch(run_dir, "hub.max_staleness=0", "learner.steps=4", "model.dtype=float16", "model.residual_fp32=true")
-    assert proc.returncode == 0, proc.output
-    ms = metrics(run_dir)
-    assert len(ms) == 4
-    for m in ms:
-        assert m["loss_scale"] >= 1.0 and m["skipped_updates"] <= 1.0, m
-        assert m["behav_prox_logp_absdiff"] < 5e-3, m
-    assert summary(run_dir)["accounting"]["lost"] == 0
 
 
 def test_killed_learner_resumes_without_dropping_or_repeating(tmp_path):
