@@ -146,9 +146,12 @@ def test_abort_mode_returns_inflight_prompts_and_loses_nothing(tmp_path):
 
 
 def test_two_fsdp_ranks_and_two_generators_over_gloo(tmp_path):
-    """The multi-GPU layout's code path on CPU: FSDP2 over 2 gloo ranks, weights pushed to 2 generators."""
+    """The multi-GPU layout's code path on CPU: FSDP2 over 2 gloo ranks, weights pushed to 2 generators. Each
+    generator holds two groups at most (max_running 16), so neither can lease a whole step while the other waits
+    for its push: with 64 slots one generator sometimes generated the whole 4-step run on a loaded 2-core VM."""
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, "learner.ranks=2", "generator.count=2", "learner.steps=4", "generator.heartbeat_s=0.2")
+    proc = launch(run_dir, "learner.ranks=2", "generator.count=2", "learner.steps=4", "generator.heartbeat_s=0.2",
+                  "generator.max_running=16")
     assert proc.returncode == 0, proc.output
     s = summary(run_dir)
     assert s["accounting"]["lost"] == 0 and s["exit_codes"]["learner-1"] == 0
