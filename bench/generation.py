@@ -356,10 +356,10 @@ def main() -> None:
 
     bw = copy_bandwidth()
     modes = [bool(int(m)) for m in args.pdl.split(",")] if args.pdl else [triton_ops.PDL]
+    residual = [bool(int(r)) for r in args.residual_fp32.split(",")]
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for _ in range(args.repeats):
-                residual = [bool(int(r)) for r in args.residual_fp32.split(",")]
                 for mode, dtype, r32 in itertools.product(modes, args.dtypes.split(","), residual):
                     triton_ops.PDL = mode
                     row = bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
