@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--model", default="",
                         help='a trained model instead of a random one ("embedded": the embedded arithmetic model, '
                              "prompted with its task's problems; responses run to --output-len or EOS)")
+    parser.add_argument("--residual-fp32", action="store_true",
+                        help="model.residual_fp32 on both sides: the engine and the Hugging Face scorer")
     args = parser.parse_args()
     require_cuda("bench.logprob_agreement")
     if args.model:
@@ -86,10 +88,14 @@ def main() -> None:
         max_len = args.prompt_len + args.output_len + 16
         hf = build_hf(args.shape, max_len, init_std=args.init_std, dtype=getattr(torch, args.dtype))
         batch_prompts = prompts(args.prompts, args.prompt_len, seed=5)
-    eng = make_engine(hf, args.prompts, max_len, deterministic=args.deterministic)
+    eng = make_engine(hf, args.prompts, max_len, deterministic=args.deterministic, residual_fp32=args.residual_fp32)
     _, outs, _ = run_engine(eng, batch_prompts, args.output_len, temperature=args.temperature)
     outs.sort(key=lambda o: int(o.request_id[1:]))
     eng.close()
+    if args.residual_fp32:
+        from asyncrl.learner import residual_stream
+
+        residual_stream.install(hf)  # after the engine copied the weights: the scorer's stream is fp32 too
     ref = learner_logprobs(hf, batch_prompts, outs, args.temperature, chunk=16)
     ours = torch.tensor([o.logprobs.tolist() for o in outs], device="cuda")
     delta = (ours - ref).abs()
@@ -98,6 +104,7 @@ def main() -> None:
         "bench": "logprob_agreement", "model": args.model or f"random {args.shape}", "tokens": delta.numel(),
         "prompts": args.prompts, "prompt_len": len(batch_prompts[0]), "output_len": args.output_len,
         "temperature": args.temperature, "init_std": None if args.model else args.init_std, "deterministic": args.deterministic, "dtype": args.dtype,
+        "residual_fp32": args.residual_fp32,
         "mean_abs_delta": delta.mean().item(), "max_abs_delta": delta.max().item(),
         "p99_abs_delta": delta.flatten().float().quantile(0.99).item() if delta.numel() < 2**24 else None,
         "mean_logprob": ref.mean().item(), **({} if answered is None else {
