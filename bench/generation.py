@@ -233,12 +233,13 @@ def commit() -> str:
 def bench_case(
     shape: str, batch: int, prompt_len: int, output_len: int, bw: float, skip_hf: bool, profile: bool = False,
     deterministic: bool = False, overlap: bool | None = None, trace: str = "", max_prefill_tokens: int = 16384,
-    kv_block_size: int = 16, dtype: str = "bfloat16", residual_fp32: bool = False,
+    kv_block_size: int = 16, dtype: str = "bfloat16", residual_fp32: bool = False, logits_fp32: bool = False,
 ) -> dict:
     max_len = prompt_len + output_len + 16
     hf = build_hf(shape, max_len, dtype=getattr(torch, dtype))
     eng = make_engine(hf, batch, max_len, deterministic=deterministic, overlap=overlap,
-                      max_prefill_tokens=max_prefill_tokens, kv_block_size=kv_block_size, residual_fp32=residual_fp32)
+                      max_prefill_tokens=max_prefill_tokens, kv_block_size=kv_block_size, residual_fp32=residual_fp32,
+                      logits_fp32=logits_fp32)
     kv_per_token = 2 * eng.arch.num_layers * eng.arch.num_kv_heads * eng.arch.head_dim * 2
     run_engine(eng, prompts(batch, prompt_len, seed=1), 8)  # warm-up: prefill shapes, graphs, kernels
     wall, outs, dec = run_engine(eng, prompts(batch, prompt_len, seed=2), output_len)
@@ -247,7 +248,8 @@ def bench_case(
     ideal = sum(wbytes + ctx * kv_per_token for ctx in dec["ctx_tokens"]) / bw
     row = {
         "bench": "generation", "shape": shape, "batch": batch, "prompt_len": prompt_len, "output_len": output_len,
-        "dtype": dtype, "residual_fp32": residual_fp32, "engine_tok_s": round(batch * output_len / wall, 1), "engine_wall_s": round(wall, 3),
+        "dtype": dtype, "residual_fp32": residual_fp32,
+        "logits_fp32": logits_fp32, "engine_tok_s": round(batch * output_len / wall, 1), "engine_wall_s": round(wall, 3),
         "decode_step_ms": round(1e3 * dec["decode_s"] / max(dec["decode_steps"], 1), 3),
         "other_steps_s": round(wall - dec["decode_s"], 3),  # the steps with a prefill, and the last read-back
         "roofline_frac": round(ideal / dec["decode_s"], 3) if dec["decode_s"] else None,
@@ -341,6 +343,8 @@ def main() -> None:
                         "(bfloat16, float16)")
     parser.add_argument("--residual-fp32", default="0", help="comma list of 0/1: model.residual_fp32 settings "
                         "to run in turn")
+    parser.add_argument("--logits-fp32", default="0", help="comma list of 0/1: model.logits_fp32 settings "
+                        "to run in turn")
     parser.add_argument("--repeats", type=int, default=1, help="run each case this many times (modes alternating)")
     args = parser.parse_args()
     if args.rl:
@@ -357,14 +361,15 @@ def main() -> None:
     bw = copy_bandwidth()
     modes = [bool(int(m)) for m in args.pdl.split(",")] if args.pdl else [triton_ops.PDL]
     residual = [bool(int(r)) for r in args.residual_fp32.split(",")]
+    logits32 = [bool(int(r)) for r in args.logits_fp32.split(",")]
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for _ in range(args.repeats):
-                for mode, dtype, r32 in itertools.product(modes, args.dtypes.split(","), residual):
+                for mode, dtype, r32, l32 in itertools.product(modes, args.dtypes.split(","), residual, logits32):
                     triton_ops.PDL = mode
                     row = bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
                                      args.deterministic, False if args.no_overlap else None, args.trace,
-                                     args.max_prefill_tokens, args.kv_block_size, dtype, r32)
+                                     args.max_prefill_tokens, args.kv_block_size, dtype, r32, l32)
                     print(json.dumps({**row, "pdl": mode}), flush=True)
 
 

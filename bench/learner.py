@@ -79,9 +79,9 @@ def time_learner(path: str, batch: records.Batch, device: torch.device, args: ar
 
         longest = max(len(g.prompt.token_ids) + len(s.sample.response_token_ids) for g in batch.groups for s in g.samples)
         rescorer = Rescorer(path, device=device, dtype=args.dtype, max_running=args.max_running, max_tokens=longest,
-                            residual_fp32=args.residual_fp32)
+                            residual_fp32=args.residual_fp32, logits_fp32=args.logits_fp32)
     trainer = Trainer(cfg, path, device=device, seed=0, rescorer=rescorer, dtype=args.dtype,
-                      residual_fp32=args.residual_fp32)
+                      residual_fp32=args.residual_fp32, logits_fp32=args.logits_fp32)
     trainer_attn = trainer.attn
     times = []
     for i in range(args.warmup + args.steps):
@@ -167,6 +167,7 @@ def main() -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help='model.dtype (auto: bfloat16 on GPU, float32 on CPU); float16 adds dynamic loss scaling')
     p.add_argument("--residual-fp32", action="store_true", help="model.residual_fp32 (the fp32 residual stream)")
+    p.add_argument("--logits-fp32", action="store_true", help="model.logits_fp32 (the lm_head's output in fp32)")
     p.add_argument("--profile", metavar="FILE", help="profile one extra step; write the op tables to FILE")
     args = p.parse_args()
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -193,7 +194,7 @@ def main() -> None:
         "response_len": tokens, "tokens_per_step": n_tokens, "micro_batch_tokens": args.micro_batch_tokens,
         "attn": learner["attn"], "activation_checkpointing": args.checkpointing, "compile": args.compile,
         "deterministic": args.deterministic, "dtype": str(dtype).removeprefix("torch."),
-        "residual_fp32": args.residual_fp32, "step_s": round(learner["step_s"], 4), "tokens_per_s": round(n_tokens / learner["step_s"], 1),
+        "residual_fp32": args.residual_fp32, "logits_fp32": args.logits_fp32, "step_s": round(learner["step_s"], 4), "tokens_per_s": round(n_tokens / learner["step_s"], 1),
         "tflops_per_s": round(step_flops / learner["step_s"] / 1e12, 2),
         "mfu": round(step_flops / learner["step_s"] / peak, 4) if peak else None,
         "hf_fwd_bwd_s": round(hf_s, 4) if hf_s else None,

@@ -18,8 +18,12 @@ import torch
 from bench.generation import build_hf, commit, make_engine, prompts, require_cuda, run_engine
 
 
-def learner_logprobs(hf, prompt: list[list[int]], outs, temperature: float, chunk: int) -> torch.Tensor:
-    """-> [num_seqs, output_len] fp32 logprobs of the engine's tokens under one HF forward per chunk."""
+def learner_logprobs(hf, prompt: list[list[int]], outs, temperature: float, chunk: int,
+                     logits_fp32: bool = False) -> torch.Tensor:
+    """-> [num_seqs, output_len] fp32 logprobs of the engine's tokens under one HF forward per chunk
+    (logits_fp32: the lm_head's fp32 output, as the learner computes it with model.logits_fp32)."""
+    from asyncrl.fp32_logits import fp32_logits
+
     rows = []
     plen = len(prompt[0])
     for start in range(0, len(outs), chunk):
@@ -27,7 +31,11 @@ def learner_logprobs(hf, prompt: list[list[int]], outs, temperature: float, chun
         resp = torch.tensor([o.token_ids.tolist() for o in part], device="cuda")
         ids = torch.cat([torch.tensor(prompt[start : start + chunk], device="cuda"), resp], dim=1)
         with torch.no_grad():
-            logits = hf(ids).logits[:, plen - 1 : -1]  # [chunk, out_len, vocab] bf16
+            if logits_fp32:
+                hidden = hf.model(ids).last_hidden_state[:, plen - 1 : -1]  # [chunk, out_len, H]
+                logits = fp32_logits(hidden.flatten(0, 1), hf.lm_head.weight).view(*hidden.shape[:2], -1)
+            else:
+                logits = hf(ids).logits[:, plen - 1 : -1]  # [chunk, out_len, vocab] bf16
             lp = torch.log_softmax(logits.float() / temperature, dim=-1)
             rows.append(lp.gather(-1, resp[..., None])[..., 0])
     return torch.cat(rows)
@@ -78,6 +86,11 @@ def main() -> None:
     parser.add_argument("--model", default="",
                         help='a trained model instead of a random one ("embedded": the embedded arithmetic model, '
                              "prompted with its task's problems; responses run to --output-len or EOS)")
+    parser.add_argument("--logits-fp32", action="store_true",
+                        help="model.logits_fp32 on both sides: the lm_head's output kept in fp32")
+    parser.add_argument("--logit-scale", type=float, default=1.0,
+                        help="random models: multiply the final norm's weight by this, so the logits have a trained "
+                             "model's size (random init gives logits of ~1; a trained model's reach 20-40)")
     parser.add_argument("--residual-fp32", action="store_true",
                         help="model.residual_fp32 on both sides: the engine and the Hugging Face scorer")
     args = parser.parse_args()
@@ -87,8 +100,11 @@ def main() -> None:
     else:
         max_len = args.prompt_len + args.output_len + 16
         hf = build_hf(args.shape, max_len, init_std=args.init_std, dtype=getattr(torch, args.dtype))
+        with torch.no_grad():
+            hf.model.norm.weight.mul_(args.logit_scale)
         batch_prompts = prompts(args.prompts, args.prompt_len, seed=5)
-    eng = make_engine(hf, args.prompts, max_len, deterministic=args.deterministic, residual_fp32=args.residual_fp32)
+    eng = make_engine(hf, args.prompts, max_len, deterministic=args.deterministic, residual_fp32=args.residual_fp32,
+                      logits_fp32=args.logits_fp32)
     _, outs, _ = run_engine(eng, batch_prompts, args.output_len, temperature=args.temperature)
     outs.sort(key=lambda o: int(o.request_id[1:]))
     eng.close()
@@ -96,7 +112,7 @@ def main() -> None:
         from asyncrl.learner import residual_stream
 
         residual_stream.install(hf)  # after the engine copied the weights: the scorer's stream is fp32 too
-    ref = learner_logprobs(hf, batch_prompts, outs, args.temperature, chunk=16)
+    ref = learner_logprobs(hf, batch_prompts, outs, args.temperature, chunk=16, logits_fp32=args.logits_fp32)
     ours = torch.tensor([o.logprobs.tolist() for o in outs], device="cuda")
     delta = (ours - ref).abs()
     answered = answer_mask(outs, hf.config.eos_token_id) if args.model else None
@@ -104,7 +120,8 @@ def main() -> None:
         "bench": "logprob_agreement", "model": args.model or f"random {args.shape}", "tokens": delta.numel(),
         "prompts": args.prompts, "prompt_len": len(batch_prompts[0]), "output_len": args.output_len,
         "temperature": args.temperature, "init_std": None if args.model else args.init_std, "deterministic": args.deterministic, "dtype": args.dtype,
-        "residual_fp32": args.residual_fp32,
+        "residual_fp32": args.residual_fp32, "logits_fp32": args.logits_fp32,
+        "logit_scale": None if args.model else args.logit_scale,
         "mean_abs_delta": delta.mean().item(), "max_abs_delta": delta.max().item(),
         "p99_abs_delta": delta.flatten().float().quantile(0.99).item() if delta.numel() < 2**24 else None,
         "mean_logprob": ref.mean().item(), **({} if answered is None else {

@@ -20,6 +20,12 @@ class ModelConfig:
     side, so closer engine and learner logprobs (docs/learner.md). No effect in float32. The torch engine
     only: an SGLang server rounds its stream, so the learner must too."""
 
+    logits_fp32: bool = False
+    """Keep the lm_head's output (the logits) in fp32 in the engine and the learner instead of rounding it to the
+    compute dtype: a trained model's logits reach 20-40, where one bf16 step is 0.125-0.25, so the two sides'
+    logprobs can differ by a step when their hidden states differ by a hair (docs/learner.md). With SGLang, the
+    server must run with --enable-fp32-lm-head (checked at startup). No effect in float32."""
+
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError('model.path is empty: give a Hugging Face folder or "embedded"')

@@ -25,12 +25,12 @@ def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
     if cfg.generator.engine == "sglang":
         from asyncrl.engine.sglang.engine import SGLangEngine
 
-        return SGLangEngine(cfg.generator.sglang)
+        return SGLangEngine(cfg.generator.sglang, logits_fp32=cfg.model.logits_fp32)
     from asyncrl.engine.torch.engine import TorchEngine
 
     return TorchEngine(model_path, device=device, dtype=cfg.model.dtype, max_running=cfg.generator.max_running,
                        seed=cfg.generator.seed, deterministic=cfg.generator.deterministic,
-                       residual_fp32=cfg.model.residual_fp32)
+                       residual_fp32=cfg.model.residual_fp32, logits_fp32=cfg.model.logits_fp32)
 
 
 def build_generator(

@@ -17,6 +17,10 @@ backward turns those saved logits into their gradient in place (one fused pass) 
 
 When the micro-batch's logits would exceed KEEP_LOGITS_BYTES they are not kept: the forward and backward
 walk `chunk` rows at a time and the backward recomputes each chunk's logits (one extra matmul per chunk).
+
+fp32=True (ModelConfig.logits_fp32): the logits are the matmul's fp32 output (asyncrl/fp32_logits.py), as the
+engine's, and are kept in fp32; the backward reads them and writes d logits in the weight's dtype for the two
+matmuls, which is what it writes without the option.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from asyncrl.fp32_logits import fp32_logits
 from asyncrl.learner import logprob_kernels as K
 
 KEEP_LOGITS_BYTES = 16 << 30  # logits of one micro-batch kept between forward and backward (bf16: 56k x 152k)
@@ -34,19 +39,20 @@ KEEP_LOGITS_BYTES = 16 << 30  # logits of one micro-batch kept between forward a
 class _LinearLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, inv_temp: Tensor, chunk: int,
-                softcap: float | None, keep_bytes: int) -> tuple[Tensor, Tensor]:
+                softcap: float | None, keep_bytes: int, fp32: bool) -> tuple[Tensor, Tensor]:
         n, v = hidden.shape[0], weight.shape[0]
-        keep = n * v * hidden.element_size() <= keep_bytes
+        ctx.chunk, ctx.softcap, ctx.fp32 = chunk, softcap, fp32
+        keep = n * v * (4 if fp32 else hidden.element_size()) <= keep_bytes
         if keep:
-            logits = hidden @ weight.t()  # [n, V]
+            logits = _logits(ctx, hidden, weight)  # [n, V]
             logp, entropy, lse = K.forward(logits, targets, inv_temp, softcap)
         else:
             logits = None
-            parts = [K.forward(hidden[s:s + chunk] @ weight.t(), targets[s:s + chunk], inv_temp[s:s + chunk], softcap)
-                     for s in range(0, n, chunk)]
+            parts = [K.forward(_logits(ctx, hidden[s:s + chunk], weight), targets[s:s + chunk], inv_temp[s:s + chunk],
+                               softcap) for s in range(0, n, chunk)]
             logp, entropy, lse = (torch.cat(t) for t in zip(*parts)) if parts else (hidden.new_zeros(0, dtype=torch.float32),) * 3
         ctx.save_for_backward(hidden, weight, targets, inv_temp, lse)
-        ctx.logits, ctx.chunk, ctx.softcap = logits, chunk, softcap
+        ctx.logits = logits
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -55,24 +61,39 @@ class _LinearLogprob(torch.autograd.Function):
         hidden, weight, targets, inv_temp, lse = ctx.saved_tensors
         grad_logp = grad_logp.float()
         if ctx.logits is not None:
-            dlogits = K.backward_(ctx.logits, targets, inv_temp, lse, grad_logp, ctx.softcap)  # [n, V]
-            ctx.logits = None
-            return dlogits @ weight, dlogits.t() @ hidden, None, None, None, None, None
+            logits, ctx.logits = ctx.logits, None
+            dlogits = K.backward_(logits, targets, inv_temp, lse, grad_logp, ctx.softcap, _grad_out(logits, weight))
+            del logits  # [n, V] fp32 with fp32=True: freed before the matmuls
+            return dlogits @ weight, dlogits.t() @ hidden, None, None, None, None, None, None
         grad_h = torch.empty_like(hidden)
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for s in range(0, hidden.shape[0], ctx.chunk):
             sl = slice(s, s + ctx.chunk)
-            d = K.backward_(hidden[sl] @ weight.t(), targets[sl], inv_temp[sl], lse[sl], grad_logp[sl], ctx.softcap)
+            logits = _logits(ctx, hidden[sl], weight)
+            d = K.backward_(logits, targets[sl], inv_temp[sl], lse[sl], grad_logp[sl], ctx.softcap,
+                            _grad_out(logits, weight))
             grad_h[sl] = d @ weight
             grad_w += (d.t() @ hidden[sl]).float()
-        return grad_h, grad_w.to(weight.dtype), None, None, None, None, None
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None, None, None
+
+
+def _logits(ctx: Any, hidden: Tensor, weight: Tensor) -> Tensor:
+    """[n, H] -> [n, V]: in the weight's dtype, or fp32 (ctx.fp32)."""
+    return fp32_logits(hidden, weight) if ctx.fp32 else hidden @ weight.t()
+
+
+def _grad_out(logits: Tensor, weight: Tensor) -> Tensor | None:
+    """Where the backward writes d logits: over the logits themselves (None) unless they are fp32 logits of a
+    half weight, whose gradient is written in the weight's dtype."""
+    return None if logits.dtype == weight.dtype else torch.empty(logits.shape, dtype=weight.dtype, device=logits.device)
 
 
 def linear_logprob(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: Tensor, *, chunk: int = 4096,
-                   softcap: float | None = None, keep_bytes: int = KEEP_LOGITS_BYTES) -> tuple[Tensor, Tensor]:
+                   softcap: float | None = None, keep_bytes: int = KEEP_LOGITS_BYTES,
+                   fp32: bool = False) -> tuple[Tensor, Tensor]:
     """hidden [n, H], weight [V, H] (same dtype), targets [n] int64, temperature [n] -> (logp [n] fp32,
-    entropy [n] fp32 without grad)."""
+    entropy [n] fp32 without grad). fp32: logits in fp32 (module docstring)."""
     inv_temp = (1.0 / temperature.float()).contiguous()  # [n]
     logp, entropy = _LinearLogprob.apply(hidden.contiguous(), weight, targets.contiguous(), inv_temp, chunk,
-                                         softcap, keep_bytes)
+                                         softcap, keep_bytes, fp32)
     return logp, entropy.detach()

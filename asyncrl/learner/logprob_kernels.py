@@ -38,15 +38,17 @@ def torch_forward(logits: Tensor, targets: Tensor, inv_temp: Tensor, softcap: fl
 
 
 def backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tensor, grad: Tensor,
-              softcap: float | None) -> Tensor:
-    """Overwrites `logits` [n, V] with d(sum_i grad_i * logp_i)/d logits and returns it (same dtype)."""
-    if _use_triton(logits, softcap):
-        return _triton_backward_(logits, targets, inv_temp, lse, grad)
-    return torch_backward_(logits, targets, inv_temp, lse, grad, softcap)
+              softcap: float | None, out: Tensor | None = None) -> Tensor:
+    """Writes d(sum_i grad_i * logp_i)/d logits [n, V] into `out` (same shape, contiguous, any float dtype;
+    default: over `logits` itself, in place) and returns it."""
+    out = logits if out is None else out
+    if _use_triton(logits, softcap) and out.is_contiguous():
+        return _triton_backward_(logits, targets, inv_temp, lse, grad, out)
+    return torch_backward_(logits, targets, inv_temp, lse, grad, softcap, out)
 
 
 def torch_backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tensor, grad: Tensor,
-                    softcap: float | None) -> Tensor:
+                    softcap: float | None, out: Tensor | None = None) -> Tensor:
     z = _scaled(logits, inv_temp, softcap)
     dz = -torch.exp(z - lse[:, None]) * grad[:, None]  # [n, V]
     dz.scatter_add_(-1, targets[:, None], grad[:, None].to(dz.dtype))
@@ -54,8 +56,9 @@ def torch_backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tens
     if softcap:
         t = torch.tanh(logits.float() / softcap)
         dz = dz * (1.0 - t * t)
-    logits.copy_(dz)
-    return logits
+    out = logits if out is None else out
+    out.copy_(dz)
+    return out
 
 
 def _scaled(logits: Tensor, inv_temp: Tensor, softcap: float | None) -> Tensor:
@@ -97,7 +100,7 @@ if triton is not None:
         tl.store(lse_ptr + row, lse)
 
     @triton.jit
-    def _backward_kernel(logits_ptr, targets_ptr, inv_temp_ptr, lse_ptr, grad_ptr, V, BLOCK: tl.constexpr):
+    def _backward_kernel(logits_ptr, targets_ptr, inv_temp_ptr, lse_ptr, grad_ptr, out_ptr, V, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ptr = logits_ptr + row * V + cols
@@ -107,7 +110,7 @@ if triton is not None:
         target = tl.load(targets_ptr + row)
         z = tl.load(ptr, mask=cols < V, other=0.0).to(tl.float32) * inv_t
         d = (tl.where(cols == target, 1.0, 0.0) - tl.exp(z - lse)) * (g * inv_t)
-        tl.store(ptr, d.to(logits_ptr.dtype.element_ty), mask=cols < V)
+        tl.store(out_ptr + row * V + cols, d.to(out_ptr.dtype.element_ty), mask=cols < V)
 
 
 # Tile and warps of both kernels, from a sweep on the H200 (fab375b, 32,768 x 151,936 bf16 logits): forward
@@ -124,10 +127,11 @@ def _triton_forward(logits: Tensor, targets: Tensor, inv_temp: Tensor) -> tuple[
     return logp, ent, lse
 
 
-def _triton_backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tensor, grad: Tensor) -> Tensor:
+def _triton_backward_(logits: Tensor, targets: Tensor, inv_temp: Tensor, lse: Tensor, grad: Tensor,
+                      out: Tensor) -> Tensor:
     n, v = logits.shape
     if n:
         _backward_kernel[(n, triton.cdiv(v, _BLOCK))](
-            logits, targets, inv_temp.float().contiguous(), lse.contiguous(), grad.float().contiguous(), v,
+            logits, targets, inv_temp.float().contiguous(), lse.contiguous(), grad.float().contiguous(), out, v,
             BLOCK=_BLOCK, num_warps=_WARPS)
-    return logits
+    return out

@@ -22,13 +22,15 @@ from asyncrl.learner.linear_logprob import linear_logprob
 
 
 def head_logprobs(hidden: Tensor, lm_head: nn.Module, targets: Tensor, temperature: Tensor,
-                  chunk_tokens: int = 4096, softcap: float | None = None) -> tuple[Tensor, Tensor]:
+                  chunk_tokens: int = 4096, softcap: float | None = None,
+                  logits_fp32: bool = False) -> tuple[Tensor, Tensor]:
     """hidden [n, H] (final-norm states at the predicting positions), targets [n], temperature [n]
-    -> (logprobs [n] fp32 with grad, entropy [n] fp32 without grad)."""
+    -> (logprobs [n] fp32 with grad, entropy [n] fp32 without grad). logits_fp32: ModelConfig.logits_fp32."""
     weight = lm_head.weight  # [V, H]
     if getattr(lm_head, "bias", None) is not None:
         raise ValueError(f"{type(lm_head).__name__} has a bias: the fused logprob supports bias-free lm_heads only")
-    return linear_logprob(hidden.to(weight.dtype), weight, targets, temperature, chunk=chunk_tokens, softcap=softcap)
+    return linear_logprob(hidden.to(weight.dtype), weight, targets, temperature, chunk=chunk_tokens, softcap=softcap,
+                          fp32=logits_fp32)
 
 
 def reference_logprobs(model: nn.Module, sequences: list[Tensor], prompt_lens: list[int],

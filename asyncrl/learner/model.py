@@ -16,10 +16,12 @@ from asyncrl.learner.logprobs import head_logprobs
 
 
 class PolicyModel(nn.Module):
-    def __init__(self, hf: nn.Module, value_head: bool, chunk_tokens: int) -> None:
+    def __init__(self, hf: nn.Module, value_head: bool, chunk_tokens: int, logits_fp32: bool = False) -> None:
+        """logits_fp32: the lm_head's output in fp32, as the engine's (ModelConfig.logits_fp32)."""
         super().__init__()
         self.hf = hf
         self.chunk_tokens = chunk_tokens
+        self.logits_fp32 = logits_fp32
         self.softcap = getattr(hf.config, "final_logit_softcapping", None)
         self._premasked: bool | None = None  # whether the decoder takes a prepared mask mapping (asked once)
         self._no_masks = dict.fromkeys(getattr(hf.config, "layer_types", None) or ["full_attention"])
@@ -40,7 +42,8 @@ class PolicyModel(nn.Module):
         hidden = self._decode(input_ids, position_ids, varlen)  # [T, H]
         hidden = hidden.index_select(0, gather_idx)  # [n, H]
         logp, entropy = head_logprobs(
-            hidden, self.hf.get_output_embeddings(), targets, temperature, self.chunk_tokens, self.softcap)
+            hidden, self.hf.get_output_embeddings(), targets, temperature, self.chunk_tokens, self.softcap,
+            self.logits_fp32)
         values = None
         if self.value_head is not None:
             values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()  # [n]

@@ -36,14 +36,15 @@ KV_BLOCK = 16  # the engine's default block size (what the generator's engine ru
 
 class Rescorer:
     def __init__(self, model_path: str, *, device: torch.device, dtype: str, max_running: int,
-                 max_tokens: int, residual_fp32: bool = False) -> None:
+                 max_tokens: int, residual_fp32: bool = False, logits_fp32: bool = False) -> None:
         """max_tokens: the longest prompt + response to score (sizes the KV cache for max_running of them);
-        residual_fp32: as the generators' engines (ModelConfig.residual_fp32)."""
+        residual_fp32, logits_fp32: as the generators' engines (ModelConfig)."""
         from asyncrl.engine.torch.engine import TorchEngine
 
         self.engine = TorchEngine(model_path, device=device, dtype=dtype, max_running=max_running,
                                   num_kv_blocks=max_running * blocks_for(max_tokens, KV_BLOCK),
-                                  kv_block_size=KV_BLOCK, deterministic=True, residual_fp32=residual_fp32)
+                                  kv_block_size=KV_BLOCK, deterministic=True, residual_fp32=residual_fp32,
+                                  logits_fp32=logits_fp32)
         self.version: int | None = None
 
     def load(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:

@@ -75,7 +75,7 @@ def build_rescorer(cfg: RunConfig, model_path: str, device: str) -> Rescorer | N
     positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096)
     return Rescorer(model_path, device=torch.device(device), dtype=cfg.model.dtype,
                     max_running=cfg.generator.max_running, max_tokens=min(int(positions), 4096),
-                    residual_fp32=cfg.model.residual_fp32)
+                    residual_fp32=cfg.model.residual_fp32, logits_fp32=cfg.model.logits_fp32)
 
 
 class LearnerService:
@@ -85,7 +85,8 @@ class LearnerService:
         self.cfg, self.run_dir, self.name, self.stop = cfg, Path(run_dir), name, stop
         model_path = resolve_model_path(cfg.model)
         self.trainer = Trainer(cfg.learner, model_path, dtype=cfg.model.dtype, device=device, seed=cfg.launch.seed,
-                               rescorer=build_rescorer(cfg, model_path, device), residual_fp32=cfg.model.residual_fp32)
+                               rescorer=build_rescorer(cfg, model_path, device), residual_fp32=cfg.model.residual_fp32,
+                               logits_fp32=cfg.model.logits_fp32)
         self.rank = self.trainer.dist.rank
         self.hub = HubPeer(endpoints["replay"], name, timeout_s=15.0)
         self.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good

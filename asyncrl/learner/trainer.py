@@ -54,11 +54,12 @@ _LOSS_SCALE_KEY = "learner_loss_scale"  # fp16's loss scale state rides in the c
 class Trainer:
     def __init__(self, cfg: LearnerConfig, model_path: str, *, dtype: str = "auto",
                  device: str | torch.device | None = None, seed: int = 0, rescorer: Rescorer | None = None,
-                 residual_fp32: bool = False) -> None:
+                 residual_fp32: bool = False, logits_fp32: bool = False) -> None:
         """rescorer: deterministic mode's source of proximal logprobs (rescorer.py); None: the policy's forward.
-        residual_fp32: an fp32 residual stream in the decoder (residual_stream.py; ModelConfig.residual_fp32)."""
+        residual_fp32: an fp32 residual stream in the decoder (residual_stream.py; ModelConfig.residual_fp32).
+        logits_fp32: the lm_head's output in fp32 (asyncrl/fp32_logits.py; ModelConfig.logits_fp32)."""
         self.cfg = cfg
-        self.residual_fp32 = residual_fp32
+        self.residual_fp32, self.logits_fp32 = residual_fp32, logits_fp32
         self.rescorer = rescorer
         self.model_path = model_path
         device = fsdp.dist_info(device).device
@@ -97,7 +98,7 @@ class Trainer:
         if self.cfg.compile:
             for layer in fsdp.decoder_layers(hf):
                 layer.compile(dynamic=True)
-        model = PolicyModel(hf, value_head, self.cfg.logprob_chunk_tokens).to(self.dist.device)
+        model = PolicyModel(hf, value_head, self.cfg.logprob_chunk_tokens, self.logits_fp32).to(self.dist.device)
         model.requires_grad_(trainable)
         if self.dist.sharded:
             fsdp.shard(model, hf, self.dtype, self.dist.device)

@@ -71,6 +71,7 @@ class DoubleConfig:
     group_timeout_s: float = 10.0  # rendezvous and broadcast waits of the fake ranks
     block_timeout_s: float = 20.0  # longest any request waits on pause / writer lock / idle
     seed: int = 0
+    enable_fp32_lm_head: bool = False  # --enable-fp32-lm-head (reported by /server_info, like every server arg)
 
 
 
@@ -335,6 +336,7 @@ class SGLangDouble:
         c = self.config
         return 200, {"tp_size": c.tp_size, "dp_size": 1, "context_length": c.context_len,
                      "skip_tokenizer_init": c.skip_tokenizer_init, "weight_version": self.version,
+                     "enable_fp32_lm_head": c.enable_fp32_lm_head,
                      "version": "0.5.23" if c.version_mode == "0.5.23" else "0.5.20"}  # fmt: skip
 
     def _health(self, body: Any, query: dict) -> tuple[int, Any]:

@@ -65,10 +65,12 @@ class _Job:
 
 
 class SGLangEngine:
-    def __init__(self, config: SGLangConfig) -> None:
+    def __init__(self, config: SGLangConfig, *, logits_fp32: bool = False) -> None:
+        """logits_fp32: the learner computes fp32 logits (ModelConfig.logits_fp32); the server must too."""
         self.config = config
         self._http = SGLangHTTP(config.base_url, config.api_key)
         label = str(self._model_info().get("weight_version"))
+        self._check_logits(logits_fp32)
         self._weights = SGLangWeightSync(self._http, config, label)
         if self._weights.recover():
             label = INCOMPLETE
@@ -372,6 +374,17 @@ class SGLangEngine:
                         f"{e} (waited {self.config.startup_wait_s:g} s; raise sglang.startup_wait_s if it is still starting)"
                     ) from e
                 time.sleep(0.5)
+
+    def _check_logits(self, logits_fp32: bool) -> None:
+        """The server rounds its logits as the learner does: --enable-fp32-lm-head <=> model.logits_fp32
+        (/server_info lists every server argument; a server without the argument has model-dtype logits)."""
+        served = bool(self._server_info().get("enable_fp32_lm_head", False))
+        if served != logits_fp32:
+            raise ValueError(
+                f"model.logits_fp32={str(logits_fp32).lower()} but the SGLang server at {self.config.base_url} runs "
+                f"{'with' if served else 'without'} --enable-fp32-lm-head: the learner's logprobs would be computed "
+                f"from other logits than the samples'; {'restart the server with --enable-fp32-lm-head' if logits_fp32 else 'restart it without the flag'} "
+                f"or set model.logits_fp32 = {str(served).lower()}")
 
     def _server_tp_size(self) -> int:
         if self._tp_size is None:

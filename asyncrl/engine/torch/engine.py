@@ -71,6 +71,7 @@ class TorchEngine:
         deterministic: bool = False,
         overlap: bool | None = None,
         residual_fp32: bool = False,
+        logits_fp32: bool = False,
     ) -> None:
         """model_path: a Hugging Face causal-LM folder. dtype: "auto" (bfloat16 on CUDA, float32 on
         CPU), a name or a torch.dtype. num_kv_blocks: KV cache size in blocks of `kv_block_size`
@@ -83,8 +84,8 @@ class TorchEngine:
         at low load. Preemption recomputes a sequence's KV by prefill, so keep num_kv_blocks large
         enough that it does not happen. overlap: launch each decode step before reading the previous
         one's results (module docstring); default: on with CUDA graphs on CUDA, off otherwise (deterministic
-        mode keeps the synchronous loop). residual_fp32: keep the residual stream in fp32 (the learner must do
-        the same: ModelConfig.residual_fp32)."""
+        mode keeps the synchronous loop). residual_fp32: keep the residual stream in fp32; logits_fp32: keep the
+        lm_head's output in fp32 (the learner must do the same: ModelConfig.residual_fp32 / logits_fp32)."""
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
             if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
@@ -93,6 +94,7 @@ class TorchEngine:
         self.dtype = dtypes.torch_dtype(dtype, self.device)
         model = load_hf_folder(model_path, self.dtype, self.device)
         model.model.residual_fp32 = residual_fp32
+        model.logits_fp32 = logits_fp32
         self._setup(model, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len, seed,
                     weight_version, cuda_graphs, deterministic, overlap)
 
@@ -107,6 +109,7 @@ class TorchEngine:
                     "max_model_len": None, "seed": 0, "weight_version": 0, "cuda_graphs": True,
                     "deterministic": False, "overlap": None}
         model.model.residual_fp32 = bool(options.pop("residual_fp32", model.model.residual_fp32))
+        model.logits_fp32 = bool(options.pop("logits_fp32", model.logits_fp32))
         unknown = set(options) - set(defaults)
         if unknown:
             raise TypeError(f"TorchEngine.from_model: unknown options {sorted(unknown)}")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from asyncrl.stage import stage
 
 from asyncrl.engine.torch import triton_attention, triton_ops
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
@@ -33,6 +32,8 @@ from asyncrl.engine.torch.paged_attention import AttentionMetadata
 from asyncrl.engine.torch.sampler import SamplingBatch, sample
 from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 from asyncrl.engine.torch.triton_sampler import sample_fused
+from asyncrl.fp32_logits import out_dtype_supported
+from asyncrl.stage import stage
 
 
 class ModelRunner:
@@ -57,6 +58,8 @@ class ModelRunner:
         max_blocks = blocks_for(max_model_len, blocks.block_size)
         self.buffers = DecodeBuffers(max_batch, max_blocks, kv_cache.scratch_block, blocks.block_size, device)
         self.fused_sampling = triton_ops.enabled(model.lm_head.weight)
+        if model.logits_fp32 and device.type == "cuda":
+            out_dtype_supported()  # asked once here, never inside a graph capture
         self.single_pass_sizes = self._single_pass_sizes(device)
         use_graphs = cuda_graphs and device.type == "cuda" and triton_ops.HAS_TRITON  # graphs unpack with Triton
         keys = [(s, False) for s in self.sizes] + [(s, True) for s in sorted(self.single_pass_sizes)]
