@@ -3,7 +3,7 @@
     forward:  z = softcap(logits) / T  ->  lse = logsumexp(z), logp = z[target] - lse,
               entropy = lse - sum(softmax(z) * z)                                   (one read of the logits)
     backward: d logits = g * (onehot(target) - exp(z - lse)) / T  [* softcap']        (one read, one write,
-              in place over the saved logits)
+              in place over the saved logits, or into a half buffer when they are fp32 logits)
 
 On CUDA without softcapping these are two Triton kernels that read the bf16 logits once each and never
 materialise fp32 [n, V] tensors (the plain-torch version makes ~6 fp32 passes over them). Everywhere else

@@ -44,19 +44,6 @@ def test_engine_generates_and_scores_with_fp32_logits(qwen2_path):
     assert eng.blocks.num_free == eng.blocks.num_blocks
 
 
-@pytest.mark.parametrize("flag", [False, True])
-def test_from_model_takes_the_option(qwen2_path, flag):
-    import transformers
-
-    from asyncrl.engine.torch.engine import TorchEngine
-    from asyncrl.engine.torch.model.loader import build_from_hf
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(qwen2_path, dtype=torch.float32)
-    eng = TorchEngine.from_model(build_from_hf(hf), num_kv_blocks=32, kv_block_size=4, max_running=4,
-                                 logits_fp32=flag)
-    assert eng.model.logits_fp32 is flag
-
-
 @pytest.mark.parametrize("served", [False, True])
 def test_sglang_adapter_checks_the_servers_lm_head(served):
     with SGLangDouble(enable_fp32_lm_head=served) as d:

@@ -63,8 +63,10 @@ def test_engine_generates_with_an_fp32_stream(qwen2_path):
     assert eng.blocks.num_free == eng.blocks.num_blocks
 
 
-@pytest.mark.parametrize("residual_fp32", [False, True])
-def test_from_model_takes_the_option(qwen2_path, residual_fp32):
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("option", ["residual_fp32", "logits_fp32"])
+def test_from_model_takes_the_precision_options(qwen2_path, option, flag):
+    """model.residual_fp32 and model.logits_fp32 (tests/engine/test_engine_logits_fp32.py) reach the model."""
     import transformers
 
     from asyncrl.engine.torch.engine import TorchEngine
@@ -72,5 +74,6 @@ def test_from_model_takes_the_option(qwen2_path, residual_fp32):
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(qwen2_path, dtype=torch.float32)
     eng = TorchEngine.from_model(build_from_hf(hf), num_kv_blocks=32, kv_block_size=4, max_running=4,
-                                 residual_fp32=residual_fp32)
-    assert eng.model.model.residual_fp32 is residual_fp32
+                                 **{option: flag})
+    holder = eng.model.model if option == "residual_fp32" else eng.model
+    assert getattr(holder, option) is flag
