@@ -99,12 +99,15 @@ def client_credentials(run_dir: str | Path | None) -> Credentials | None:
 class Client:
     def __init__(self, endpoint: str | None = None, *, run_dir: str | Path | None = None,
                  name: str = "", timeout_s: float = 30.0,
-                 reward_components: list[RewardComponentRef] | None = None) -> None:
+                 reward_components: list[RewardComponentRef] | None = None,
+                 credentials: Credentials | None = None) -> None:
+        """`credentials`: the role to prove (default: "client" from the run directory's secret, else the
+        environment's); a service of the run that submits as a client (the evaluator) passes its own."""
         if (endpoint is None) == (run_dir is None):
             raise ValueError("Client: give exactly one of endpoint or run_dir")
         self.endpoint = endpoint or endpoint_from_run_dir(run_dir)  # type: ignore[arg-type]
         self.name = name or f"client-{uuid.uuid4().hex[:8]}"
-        self.peer = HubPeer(self.endpoint, self.name, timeout_s=timeout_s, credentials=client_credentials(run_dir))
+        self.peer = HubPeer(self.endpoint, self.name, timeout_s=timeout_s, credentials=credentials or client_credentials(run_dir))
         self.handles: dict[str, Handle] = {}
         # The run's reward components (to check that submitted prompts can be scored); None: unknown.
         self.reward_components = reward_components if run_dir is None else run_reward_components(run_dir)
@@ -113,11 +116,12 @@ class Client:
     def submit(self, prompts: PromptLike | list[PromptLike], *, n: int = 1,
                sampling: R.SamplingParams | dict[str, Any] | None = None,
                target: str | int | float | None = None,
-               reward: R.RewardSpec | str | dict[str, Any] | None = None) -> list[Handle]:
+               reward: R.RewardSpec | str | dict[str, Any] | None = None, evaluate: bool = False) -> list[Handle]:
         """Queue prompts (text, token ids, dicts in the `asyncrl.task.prompt_row` format, or Prompt records);
         returns one Handle per prompt. `target` is the reference answer of every prompt given here (a dict's
         own "target" wins); prompts without one are refused (ValueError) when the run's reward needs one it
-        cannot compute itself."""
+        cannot compute itself. `evaluate`: held-out evaluation prompts, generated and scored at the current
+        weights but never trained on nor counted in the run's accounting (asyncrl.eval)."""
         items = [prompts] if isinstance(prompts, (str, dict, R.Prompt)) else list(prompts)
         if items and isinstance(items[0], int):  # one prompt given as a list of token ids
             items = [items]
@@ -125,7 +129,7 @@ class Client:
         recs = [complete_reference(to_prompt(p, n=n, sampling=sampling, reward=spec, prefix=self.name, index=i),
                                    self.reward_components, i) for i, p in enumerate(items)]
         with self._lock:
-            ack = self.peer.request(R.SubmitPrompts(prompts=recs, watch=True))
+            ack = self.peer.request(R.SubmitPrompts(prompts=recs, watch=True, evaluate=evaluate))
             ids = ack.info.get("prompt_ids")
             if not isinstance(ids, list) or len(ids) != len(recs) or not all(isinstance(i, str) for i in ids):
                 self.peer.reject("bad_ack", f"SubmitPrompts answered without {len(recs)} prompt ids: {ack.info!r:.200}")

@@ -29,6 +29,7 @@ class MetricsWriter:
         self.exporter = PrometheusExporter("asyncrl_learner", prometheus_port) if prometheus_port is not None else None
         self.wandb = WandbRun(wandb_project, run_dir, wandb_config) if wandb_project else None
         self._file = open(self.path, "a", buffering=1)
+        self.last_eval: dict[str, float] = {}  # the newest evaluation's numbers (Prometheus eval_* gauges)
         self._tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -39,13 +40,23 @@ class MetricsWriter:
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         self._file.write(json.dumps({"step": step, **metrics}, default=_plain) + "\n")
+        scalars = {k: v for k, v in metrics.items() if k != "eval"}  # evaluations go by their own step (write_eval)
         if self._tb is not None:
-            for key, value in _flatten(metrics):
+            for key, value in _flatten(scalars):
                 self._tb.add_scalar(key, value, step)
         if self.exporter is not None:
-            self.exporter.publish(scalar_samples({"step": step, **metrics}, skip=("hub",)))
+            self.exporter.publish(scalar_samples({"step": step, **scalars, "eval": self.last_eval}, skip=("hub",)))
         if self.wandb is not None:
-            self.wandb.log(step, dict(_flatten(metrics)))
+            self.wandb.log(step, dict(_flatten(metrics)))  # W&B steps only grow: an evaluation at the step it arrives
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """A held-out evaluation (asyncrl.eval): TensorBoard at the step it evaluated, and its numbers as eval_*
+        Prometheus gauges from the next `write` on (the record itself is in eval.jsonl)."""
+        numbers = {k: v for k, v in record.items() if k not in ("step", "versions", "check")}
+        self.last_eval = dict(_flatten(numbers))
+        if self._tb is not None:
+            for key, value in _flatten(numbers, "eval/"):
+                self._tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
         self._file.close()

@@ -71,4 +71,4 @@ def test_every_hub_field_has_a_docstring():
 
 def test_run_config_sections_are_fixed():
     assert [f.name for f in dataclasses.fields(RunConfig)] == [
-        "model", "batch", "task", "hub", "generator", "reward", "learner", "launch"]
+        "model", "batch", "task", "hub", "generator", "reward", "learner", "launch", "eval"]

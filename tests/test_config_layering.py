@@ -11,6 +11,7 @@ RUN = "asyncrl.config.run"
 ASSEMBLERS = {  # build one process (or the run folder, or the config reference) from the whole run config
     "asyncrl/generator/build.py", "asyncrl/learner/service.py", "asyncrl/feeder.py", "asyncrl/rundir.py",
     "asyncrl/config/reference.py", "asyncrl/lifecycle.py",  # lifecycle.start_service: a service's config
+    "asyncrl/eval/offline.py",  # the stand-alone evaluation: an engine from the run config
 }
 
 

@@ -9,6 +9,7 @@ from asyncrl.config.batch import BatchConfig
 from asyncrl.config.launch import LaunchConfig
 from asyncrl.config.loader import load
 from asyncrl.config.model import ModelConfig
+from asyncrl.eval.config import EvalConfig
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.replay.config import HubConfig
@@ -26,6 +27,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         if self.generator.max_running < self.batch.samples_per_prompt:

@@ -11,6 +11,9 @@
 * Checkpoints are atomic; `CommitStep(step)` follows the checkpoint, so after a crash the hub
   re-delivers every batch after the last checkpoint: nothing is dropped or trained twice.
 * SIGINT/SIGTERM: finish the current step, checkpoint, commit, exit 0.
+* Held-out evaluation (eval.every > 0, rank 0): asked for after the weights of step 0, every N-th and the last
+  step are pushed; it runs on its own thread through the generators (asyncrl.eval.live) and its records join
+  the next metrics line; only the last one is waited for (at most eval.timeout_s).
 * Every rank heartbeats the hub (asyncrl.heartbeat) while it waits for a batch; a crash is reported as a
   FatalError (services/learner.py), which turns on the hub's shutdown flag for the other services.
 """
@@ -33,6 +36,7 @@ import torch.distributed as dist
 from asyncrl import records as R
 from asyncrl.config.model import resolve_model_path
 from asyncrl.credentials import RunSecret
+from asyncrl.eval.live import LiveEvaluator
 from asyncrl.config.run import RunConfig
 from asyncrl.heartbeat import Heartbeats
 from asyncrl.learner import fsdp
@@ -44,6 +48,7 @@ from asyncrl.metrics import MetricsWriter
 from asyncrl.nccl_env import set_nccl_defaults
 from asyncrl.tcp_store import bound_store, client_store
 from asyncrl.peer import HubError, HubPeer
+from asyncrl.task import task_sampling
 from asyncrl.timeline import Timeline
 from asyncrl.weights.bucket import drain
 from asyncrl.weights.sender import WeightSender
@@ -66,6 +71,17 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> None:
     store = (bound_store(address, port, world, timeout_s) if rank == 0
              else client_store(address, port, world, timeout_s))
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
+
+
+def build_evaluator(cfg: RunConfig, run_dir: Path, model_path: str) -> LiveEvaluator | None:
+    """Held-out evaluation through the generators (eval.every > 0): the task's held-out prompts, which the
+    feeder leaves out of training."""
+    if not cfg.eval.enabled:
+        return None
+    from asyncrl.task.heldout import heldout_prompts
+
+    heldout = heldout_prompts(cfg.task, cfg.eval.prompts, model_path if cfg.task.chat_template else None)
+    return LiveEvaluator(cfg.eval, heldout, task_sampling(cfg.task), run_dir)
 
 
 def build_rescorer(cfg: RunConfig, model_path: str, device: str) -> Rescorer | None:
@@ -103,6 +119,8 @@ class LearnerService:
         self.metrics = MetricsWriter(self.run_dir, metrics_port, cfg.launch.wandb_project,
                                      wandb_config=dataclasses.asdict(cfg)) if self.rank == 0 else None
         self.timeline = Timeline(self.run_dir, name)
+        self.evaluator = build_evaluator(cfg, self.run_dir, model_path) if self.rank == 0 else None
+        self.eval_pending: list[dict[str, Any]] = []  # finished evaluations not yet in a metrics line
         self.tokens_trained = 0
         self.checkpointed_step = 0
         self.checkpoint_versions: dict[int, int] = {}  # step -> policy version, until its write is committed
@@ -140,6 +158,7 @@ class LearnerService:
             if step == steps or step % self.cfg.learner.checkpoint_every == 0:
                 self._checkpoint(background=step < steps)
             self._commit_written()
+            self._evaluate(step)
             self._report(step, batch, metrics, push)
 
     def _final_checkpoint(self) -> None:
@@ -153,6 +172,8 @@ class LearnerService:
         self._checkpoint(background=False)
 
     def close(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()
         self.timeline.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -172,6 +193,8 @@ class LearnerService:
             self.hub.request(R.WeightVersion(version=self.trainer.version))
             if self.trainer.step > 0:  # a checkpoint whose commit the hub never got (it was down): commit now
                 self._commit(self.trainer.step)
+            elif self.evaluator is not None:  # the starting weights: the baseline of every curve
+                self.evaluator.request(0)
 
     def _wait_batch(self, step: int) -> R.Batch | None:
         batch: R.Batch | None = None
@@ -262,9 +285,26 @@ class LearnerService:
         except (HubError, TimeoutError) as e:
             log.warning("step %d checkpointed but not committed at the hub (%s); committed on resume", step, e)
 
+    def _evaluate(self, step: int) -> None:
+        """Ask for an evaluation of the weights just pushed (every eval.every steps and the last); the last one
+        is waited for, so the run's final line and summary hold it."""
+        if self.evaluator is None:
+            return
+        last = step >= self.cfg.learner.steps
+        if last or step % self.cfg.eval.every == 0:
+            self.evaluator.request(step)
+        if last:
+            with self.timeline.span("eval_final"):
+                self.eval_pending += self.evaluator.wait(self.cfg.eval.timeout_s)
+        else:
+            self.eval_pending += self.evaluator.results()
+
     def _report(self, step: int, batch: R.Batch, metrics: dict[str, float], push: dict[str, Any]) -> None:
         if self.metrics is None:
             return
+        evals, self.eval_pending = self.eval_pending, []
+        for record in evals:
+            self.metrics.write_eval(record)
         samples = [s for g in batch.groups for s in g.samples if s.status == R.ScoreStatus.OK]
         lags = Counter(int(self.trainer.version - 1 - int(s.sample.versions.min()))
                        for s in samples if len(s.sample.versions))
@@ -280,6 +320,8 @@ class LearnerService:
             "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
             "dropped_stale_in_batch": batch.dropped_stale, "time_s": elapsed, "push": push,
             "hub": {k: hub.get(k) for k in ("accounting", "states", "queued_prompts", "policy_version")},
+            "eval_prompts_in_batch": sum(1 for g in batch.groups if g.prompt.metadata.get("eval")),  # must stay 0
+            **({"eval": evals[-1]} if evals else {}),
         })
 
     # ------------------------------------------------------------------ helpers

@@ -140,7 +140,9 @@ class HubCore:
     # ------------------------------------------------------------------------- prompts and leases
 
     def _submit(self, env: Envelope, frame: Any, msg: R.SubmitPrompts, now: float) -> R.Ack:
-        room = self.cfg.max_queued_prompts - len(self.state.queue)
+        if msg.evaluate and not msg.watch:
+            raise ValueError("SubmitPrompts.evaluate needs watch=true: an evaluation's samples go only to its submitter")
+        room = self.cfg.max_queued_prompts - len(self.state.eval_queue if msg.evaluate else self.state.queue)
         if len(msg.prompts) > room:
             raise ValueError(f"hub queue full: {len(msg.prompts)} prompts, room for {room}; retry later "
                              f"or raise hub.max_queued_prompts={self.cfg.max_queued_prompts}")
@@ -166,7 +168,8 @@ class HubCore:
         available = min(self.state.admissible(self.cfg.max_staleness, self.batch.prompts_per_step),
                         len(self.state.queue))
         others = {p.msg.generator for p in self.parked[R.LeaseRequest]} - {msg.generator}
-        count = min(msg.max_prompts, -(-available // (1 + len(others))))
+        # evaluation prompts are outside admission; `grant` leases them first
+        count = min(msg.max_prompts, len(self.state.eval_queue) + -(-available // (1 + len(others))))
         got = self.journal.grant(msg.generator, count, now, self.cfg.lease_timeout_s) if count > 0 else None
         if got is None:
             return None

@@ -4,6 +4,7 @@ A group moves through phases (for admission and batching), while each sample mov
 `SampleState`s (for accounting):
 
     QUEUED --lease--> OUT --all n scored or failed--> READY --batch--> BATCHED --commit--> (forgotten)
+                        \\-- an evaluation group, once complete --> (forgotten: its watcher has every sample)
        ^               |                                 \\-> (forgotten: every sample dropped stale)
        \\-- expired / returned (only its still-leased samples go back)    \\-> failed: every sample failed
 
@@ -42,14 +43,16 @@ class GroupEntry:
     scored: list[ScoredSample | None] = field(default_factory=list)  # [n], set once scored
     checked_min: int = -NEVER_STALE  # highest min_version it was pruned against (skips re-scans)
     client: bool = False  # submitted by a client (SubmitPrompts.watch): its failures are counted apart
+    evaluate: bool = False  # a held-out evaluation prompt (SubmitPrompts.evaluate): never READY, never batched
     prompt_frame: bytes | None = None  # the prompt's wire encoding, made once for snapshots (prompts never change)
 
     @classmethod
-    def new(cls, prompt: Prompt, client: bool = False) -> GroupEntry:
+    def new(cls, prompt: Prompt, client: bool = False, evaluate: bool = False) -> GroupEntry:
         n = prompt.n
         return cls(
             prompt=prompt,
-            client=client,
+            client=client or evaluate,
+            evaluate=evaluate,
             states=[SampleState.QUEUED] * n,
             samples=[None] * n,
             min_versions=[NEVER_STALE] * n,

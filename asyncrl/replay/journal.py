@@ -98,7 +98,7 @@ class Journal:
     # -- logged mutations (same signatures as HubState, plus the raw frame where one exists)
 
     def submit(self, frame: bytes | memoryview, msg: R.SubmitPrompts) -> list[str]:
-        ids = self.state.submit(msg.prompts, client=msg.watch)
+        ids = self.state.submit(msg.prompts, client=msg.watch, evaluate=msg.evaluate)
         self._log_frame("submit", frame)
         return ids
 
@@ -219,7 +219,7 @@ def apply(state: HubState, record: list[Any]) -> None:
     kind, *args = record
     if kind == "submit":
         msg = wire.decode(args[0])
-        state.submit(msg.prompts, client=msg.watch)
+        state.submit(msg.prompts, client=msg.watch, evaluate=msg.evaluate)
     elif kind == "grant":
         state.grant(*args)
     elif kind == "samples":

@@ -26,6 +26,7 @@ from typing import Any
 from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.durable import fsync_dir
+from asyncrl.replay.counts import SampleCounts
 from asyncrl.replay.groups import GroupEntry, Phase
 from asyncrl.replay.journal_format import decode_record, encode_record
 from asyncrl.replay.leases import LeaseEntry
@@ -75,15 +76,15 @@ def read_snapshot(path: Path) -> tuple[HubState, int]:
 
 
 def encode_state(st: HubState, segment: int) -> bytes:
-    counts = st.counts
     book = st.book
     return encode_record({
         "format": FORMAT,
         "segment": segment,
-        "counts": [counts.submitted, {s.value: n for s, n in counts.by_state.items()}, dict(counts.transitions),
-                   counts.client_submitted, counts.client_failed],
+        "counts": _pack_counts(st.counts),
         "groups": [_pack_group(g) for g in st.groups.values()],
         "queue": list(st.queue),
+        "eval_queue": list(st.eval_queue),
+        "eval_counts": _pack_counts(st.eval_counts),
         "ready": list(st.ready),
         "leases": [st.leases.issued, [[e.lease_id, e.generator, e.expires_at, list(e.prompt_ids)]
                                       for e in st.leases.leases.values()]],
@@ -98,7 +99,21 @@ def _pack_group(g: GroupEntry) -> list[Any]:
     if g.prompt_frame is None:  # every snapshot holds every live group: encode each prompt once, not per snapshot
         g.prompt_frame = wire.encode(g.prompt)
     return [g.prompt_frame, g.phase.value, g.lease_id, [s.value for s in g.states], g.min_versions,
-            g.checked_min, [_pack_sample(s) for s in g.samples], [_pack_scored(sc) for sc in g.scored], g.client]
+            g.checked_min, [_pack_sample(s) for s in g.samples], [_pack_scored(sc) for sc in g.scored], g.client,
+            g.evaluate]
+
+
+def _pack_counts(c: SampleCounts) -> list[Any]:
+    return [c.submitted, {s.value: n for s, n in c.by_state.items()}, dict(c.transitions), c.client_submitted,
+            c.client_failed]
+
+
+def _unpack_counts(c: SampleCounts, v: list[Any]) -> None:
+    submitted, by_state, transitions, *client = v  # client counts: absent in older snapshots
+    c.submitted = submitted
+    c.client_submitted, c.client_failed = client or (0, 0)
+    c.by_state = {s: by_state.get(s.value, 0) for s in S}  # a state newer than the snapshot: none yet
+    c.transitions = Counter(transitions)
 
 
 def _pack_sample(s: wire.PackedSample | R.Sample | None) -> list[Any] | None:
@@ -122,15 +137,14 @@ def decode_state(data: bytes) -> tuple[HubState, int]:
     if type(d) is not dict or d.get("format") != FORMAT:
         raise SnapshotInvalid(f"snapshot format {d.get('format') if type(d) is dict else None!r} != {FORMAT}")
     st = HubState()
-    submitted, by_state, transitions, *client = d["counts"]  # client counts: absent in older snapshots
-    st.counts.submitted = submitted
-    st.counts.client_submitted, st.counts.client_failed = client or (0, 0)
-    st.counts.by_state = {s: by_state.get(s.value, 0) for s in S}  # a state newer than the snapshot: none yet
-    st.counts.transitions = Counter(transitions)
+    _unpack_counts(st.counts, d["counts"])
+    if "eval_counts" in d:  # absent in snapshots older than evaluation prompts
+        _unpack_counts(st.eval_counts, d["eval_counts"])
     for packed in d["groups"]:
         g = _unpack_group(packed)
         st.groups[g.prompt.prompt_id] = g
     st.queue.extend(d["queue"])
+    st.eval_queue.extend(d.get("eval_queue", []))
     st.ready = dict.fromkeys(d["ready"])
     _restore_leases(st, *d["leases"])
     _restore_book(st, *d["book"])
@@ -141,12 +155,13 @@ def decode_state(data: bytes) -> tuple[HubState, int]:
 
 
 def _unpack_group(v: list[Any]) -> GroupEntry:
-    prompt_frame, phase, lease_id, states, min_versions, checked_min, samples, scored, *client = v
+    prompt_frame, phase, lease_id, states, min_versions, checked_min, samples, scored, *flags = v
     prompt = wire.decode(prompt_frame)
     if type(prompt) is not R.Prompt:
         raise SnapshotInvalid(f"a group's prompt is a {type(prompt).__name__}")
     g = GroupEntry(prompt=prompt, phase=Phase(phase), lease_id=lease_id, states=[S(s) for s in states],
-                   min_versions=list(min_versions), checked_min=checked_min, client=bool(client and client[0]),
+                   min_versions=list(min_versions), checked_min=checked_min, client=bool(flags and flags[0]),
+                   evaluate=bool(len(flags) > 1 and flags[1]),
                    prompt_frame=bytes(prompt_frame))
     g.samples = [None if s is None else wire.PackedSample(prompt.prompt_id, i, s[1], s[0], s[2])
                  for i, s in enumerate(samples)]

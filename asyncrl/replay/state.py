@@ -20,6 +20,12 @@ Client prompts (`submit(..., client=True)`: a `SubmitPrompts` with `watch`, as `
 leased, scored and trained like the run's own, but their failed samples count as `client_failed` and their
 failed groups and prompts as the events ``client_groups_failed`` / ``client_prompts_failed``, never as the
 run's failures (see `asyncrl.replay.counts`).
+
+Evaluation prompts (`submit(..., evaluate=True)`: held-out prompts of `asyncrl.eval`) wait in their own
+`eval_queue`, which every lease drains first and which admission does not gate (an evaluation must not wait
+for training to make room, nor take training's room); they are generated and scored like any prompt, and a
+complete evaluation group is forgotten at once (its watcher got every sample): never READY, never in a
+batch. Their samples are counted in `eval_counts`, apart from the run's accounting.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class HubState:
         self.counts = SampleCounts()
         self.groups: dict[str, GroupEntry] = {}  # live prompts (forgotten once trained/failed/dropped)
         self.queue: deque[str] = deque()  # prompt ids in lease order
+        self.eval_queue: deque[str] = deque()  # evaluation prompt ids, leased before `queue`, outside admission
+        self.eval_counts = SampleCounts()  # samples of evaluation prompts (not the run's accounting)
         self.leases = LeaseTable()
         self.ready: dict[str, None] = {}  # READY prompt ids, oldest first (insertion-ordered)
         self.book = BatchBook()
@@ -95,9 +103,9 @@ class HubState:
 
     # ----------------------------------------------------------------------------------- mutations
 
-    def submit(self, prompts: list[Prompt], client: bool = False) -> list[str]:
+    def submit(self, prompts: list[Prompt], client: bool = False, evaluate: bool = False) -> list[str]:
         """Queue prompts (all or none). A prompt without an id gets "p<seq>". `client`: sent by a client
-        (its outcomes are counted apart from the run's)."""
+        (its outcomes are counted apart from the run's); `evaluate`: held-out evaluation prompts (module doc)."""
         empty = next((p for p in prompts if _is_empty(p)), None)
         if empty is not None:
             raise ValueError(f"prompt {empty.prompt_id!r} is empty (no token_ids and no text): nothing to generate from")
@@ -110,18 +118,19 @@ class HubState:
                 self.prompts_seq += 1
                 p.prompt_id = f"p{self.prompts_seq}"
                 assert p.prompt_id not in self.groups, f"generated prompt id {p.prompt_id} collides"
-            self.groups[p.prompt_id] = GroupEntry.new(p, client)
-            self.queue.append(p.prompt_id)
-            self.counts.add(p.n, client)
-        self._bump("prompts_submitted", len(prompts))
+            self.groups[p.prompt_id] = GroupEntry.new(p, client, evaluate)
+            (self.eval_queue if evaluate else self.queue).append(p.prompt_id)
+            (self.eval_counts if evaluate else self.counts).add(p.n, client)
+        self._bump("eval_prompts_submitted" if evaluate else "prompts_submitted", len(prompts))
         self._check()
         return [p.prompt_id for p in prompts]
 
     def grant(self, generator: str, count: int, now: float, ttl_s: float,
               lease_id: str = "") -> tuple[LeaseEntry, list[Prompt]] | None:
-        """Lease up to `count` queued prompts to `generator` until `now + ttl_s`; None if none.
-        `lease_id` is the logged id on replay (else a fresh one)."""
-        take = [self.queue.popleft() for _ in range(min(count, len(self.queue)))]
+        """Lease up to `count` queued prompts to `generator` until `now + ttl_s`, evaluation prompts first; None
+        if none. `lease_id` is the logged id on replay (else a fresh one)."""
+        evals = [self.eval_queue.popleft() for _ in range(min(count, len(self.eval_queue)))]
+        take = evals + [self.queue.popleft() for _ in range(min(count - len(evals), len(self.queue)))]
         if not take:
             return None
         entry = self.leases.open(generator, take, now + ttl_s, lease_id)
@@ -129,7 +138,7 @@ class HubState:
             g = self.groups[pid]
             g.phase, g.lease_id = Phase.OUT, entry.lease_id
             self._move(g, S.QUEUED, S.LEASED)
-        self.admitted += len(take)
+        self.admitted += len(take) - len(evals)
         self._bump("leases_granted", 1)
         self._check()
         return entry, [self.groups[pid].prompt for pid in take]
@@ -332,12 +341,14 @@ class HubState:
             g = self.groups[pid]
             self._move(g, S.LEASED, S.QUEUED)
             g.phase, g.lease_id = Phase.QUEUED, ""
-            self.queue.appendleft(pid)
+            (self.eval_queue if g.evaluate else self.queue).appendleft(pid)
             self.leases.release(entry.lease_id, pid)
-        self.admitted -= len(prompt_ids)
+            self.admitted -= not g.evaluate
 
     def _complete(self, g: GroupEntry) -> None:
-        if g.count(S.SCORED):
+        if g.evaluate:  # its watcher has every sample: nothing is kept, nothing is batched
+            self._forget(g, "eval_groups_done" if g.count(S.SCORED) else "eval_groups_failed")
+        elif g.count(S.SCORED):
             g.phase = Phase.READY
             self.ready[g.prompt.prompt_id] = None
         else:
@@ -345,7 +356,7 @@ class HubState:
 
     def _forget(self, g: GroupEntry, event: str) -> None:
         del self.groups[g.prompt.prompt_id]
-        self.admitted -= 1
+        self.admitted -= not g.evaluate
         self._bump(event, 1)
 
     def _move(self, g: GroupEntry, src: SampleState, dst: SampleState) -> None:
@@ -355,7 +366,7 @@ class HubState:
     def _set(self, g: GroupEntry, i: int, src: SampleState, dst: SampleState) -> None:
         assert g.states[i] is src, f"{g.prompt.prompt_id}[{i}] is {g.states[i]}, not {src}"
         g.states[i] = dst
-        self.counts.move(src, dst, client=g.client)
+        (self.eval_counts if g.evaluate else self.counts).move(src, dst, client=g.client)
 
     def _count_rejects(self, what: str, rejected: Counter[str]) -> None:
         for reason, n in rejected.items():
@@ -368,12 +379,13 @@ class HubState:
 
     def _check(self) -> None:
         self.counts.check()
+        self.eval_counts.check()
         assert self.admitted >= 0, f"admitted={self.admitted} < 0"
 
 
 def _failure_event(g: GroupEntry, event: str) -> str:
-    """The event a failure of `g` counts under: the client's own for client prompts."""
-    return f"client_{event}" if g.client else event
+    """The event a failure of `g` counts under: the client's own for client prompts, evaluation's for those."""
+    return f"eval_{event}" if g.evaluate else f"client_{event}" if g.client else event
 
 
 def _oldest_version(s: PackedSample | Sample) -> int:

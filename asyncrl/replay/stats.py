@@ -75,6 +75,8 @@ def hub_stats(core: HubView, now: float) -> dict[str, Any]:
         "peers": core.peers.report(now),
         "log": _log_stats(core),
         "accounting": accounting(core),
+        "eval": {"queued_prompts": len(st.eval_queue), **st.eval_counts.snapshot(),
+                 "submitted": st.eval_counts.submitted},  # held-out evaluation samples, not the run's
     }
 
 

@@ -57,6 +57,8 @@ def fingerprint(st: HubState) -> dict[str, Any]:
         "client": (st.counts.client_submitted, st.counts.client_failed, sorted(k for k, g in st.groups.items() if g.client)),
         "events": dict(st.events), "version": st.version, "admitted": st.admitted,
         "pending_dropped": st.pending_dropped, "seq": st.prompts_seq,
+        "eval": (list(st.eval_queue), st.eval_counts.snapshot(), dict(st.eval_counts.transitions),
+                 sorted(k for k, g in st.groups.items() if g.evaluate)),
     }
 
 
@@ -89,3 +91,9 @@ def scripted_run(j: Journal) -> None:
     sb4 = R.SampleBatch(lease_id=lease4.lease_id, samples=[sample(p.prompt_id, i, version=3) for p in ps4 for i in range(2)])
     j.add_samples(wire.encode(sb4), wire.decode(wire.encode(sb4)))
     j.score([bad("c0", 0), bad("c0", 1), ok("c1", 0), bad("c1", 1)])
+    esub = R.SubmitPrompts(prompts=[prompt(f"e{i}", n=1) for i in range(3)], watch=True, evaluate=True)
+    j.submit(wire.encode(esub), wire.decode(wire.encode(esub)))
+    lease5, ps5 = j.grant("g4", 2, now=500.0, ttl_s=50.0)  # e0, e1: evaluation prompts go first
+    sb5 = R.SampleBatch(lease_id=lease5.lease_id, samples=[sample(p.prompt_id, 0, version=3) for p in ps5])
+    j.add_samples(wire.encode(sb5), wire.decode(wire.encode(sb5)))
+    j.score([ok(ps5[0].prompt_id, 0)])  # e0 done and forgotten; e1 waits for its score, e2 stays queued
