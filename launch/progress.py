@@ -1,7 +1,8 @@
 """Live progress in the terminal: learner step, elapsed, steps/s, ETA, reward, tokens/s, staleness, the
-training-inference logprob mismatch, queues.
+training-inference logprob mismatch, queues, the latest held-out eval.
 
-Reads the last line of RUN_DIR/metrics.jsonl and the hub's counters; plain log lines when the
+Reads the last line of RUN_DIR/metrics.jsonl, the last of RUN_DIR/eval.jsonl (else the last "eval" a
+metrics line carried) and the hub's counters; plain log lines when the
 output is not a terminal (CI, nohup): one per learner step, or every 30 s while none comes.
 Steps/s counts the steps seen since the launcher started (a resumed run starts counting at its
 checkpoint); the ETA is the steps left at that rate.
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from asyncrl.plot.evals import last_eval
 from asyncrl.rundir import last_metrics
 from launch.report import duration
 
@@ -36,7 +38,7 @@ class StepRate:
 
 
 def progress_row(m: dict[str, Any], hub: dict[str, Any], total: int, elapsed_s: float,
-                 rate: float | None) -> dict[str, str]:
+                 rate: float | None, latest_eval: dict[str, Any] | None = None) -> dict[str, str]:
     """The fields of one progress line; "-" where nothing is known yet (never "nan")."""
     step = int(m.get("step", 0))
     eta = duration((total - step) / rate) if rate else "-"
@@ -51,7 +53,15 @@ def progress_row(m: dict[str, Any], hub: dict[str, Any], total: int, elapsed_s: 
         "logp mismatch": _mismatch(m),
         "version": str(hub.get("policy_version", m.get("policy_version", 0))),
         "queues": " ".join(f"{k}={v}" for k, v in (hub.get("states") or {}).items() if v),
+        "eval": _eval(latest_eval),
     }
+
+
+def _eval(e: dict[str, Any] | None) -> str:
+    """'pass@1 0.31 @ step 40': greedy accuracy on the held-out prompts of the weights of that step."""
+    if not e or not isinstance(e.get("pass@1"), (int, float)):
+        return "-"
+    return f"pass@1 {e['pass@1']:.2f} @ step {e.get('step', '?')}"
 
 
 def _mismatch(m: dict[str, Any]) -> str:
@@ -71,6 +81,7 @@ class Progress:
         self.rate = StepRate()
         self._last_print = self.started
         self._last_step = -1
+        self.latest_eval: dict[str, Any] | None = None
 
     def __enter__(self) -> "Progress":
         if self.live is not None:
@@ -84,7 +95,9 @@ class Progress:
     def update(self, hub: dict[str, Any]) -> None:
         m, now = last_metrics(self.run_dir), time.monotonic()
         step = int(m.get("step", 0))
-        row = progress_row(m, hub, self.total, now - self.started, self.rate.observe(step, now) if m else None)
+        self.latest_eval = last_eval(self.run_dir) or m.get("eval") or self.latest_eval
+        row = progress_row(m, hub, self.total, now - self.started, self.rate.observe(step, now) if m else None,
+                           self.latest_eval)
         if self.live is not None:
             self.live.update(self._table(row))
         elif (m and step != self._last_step) or now - self._last_print > 30:

@@ -1,6 +1,7 @@
 """The human summary printed at the end of a run, before the launcher's JSON line.
 
     run finished in 2m31s: step 20/20, reward 0.12 -> 0.45 (mean of a step's samples)
+    eval pass@1 0.19 -> 0.63 at step 20, mean@8 0.12 -> 0.50 (from step 0, 64 prompts)
     samples: 1280 trained of 1600 submitted, 0 failed, 0 lost
     model: runs/20261130-191250/export (Hugging Face folder)
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from asyncrl.plot.evals import read_evals
 
 
 def duration(seconds: float) -> str:
@@ -28,11 +31,30 @@ def step_rewards(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         return {}, {}
 
 
+def eval_line(first: dict[str, Any], last: dict[str, Any]) -> str:
+    """First and last held-out eval: 'eval pass@1 0.19 -> 0.63 at step 200, mean@8 0.12 -> 0.50 (from step 0,
+    64 prompts)'; one eval: 'eval pass@1 0.19 at step 0 (64 prompts)'."""
+    def change(key: str) -> str:
+        a, b = first.get(key), last.get(key)
+        return f"{b:.2f}" if first is last or a is None else f"{a:.2f} -> {b:.2f}"
+
+    text = f"eval pass@1 {change('pass@1')} at step {last['step']}"
+    if last.get("mean@k") is not None:
+        text += f", mean@{last.get('k', 'k')} {change('mean@k')}"
+    origin = [] if first is last else [f"from step {first['step']}"]
+    if last.get("prompts"):
+        origin.append(f"{last['prompts']} prompts")
+    return text + (f" ({', '.join(origin)})" if origin else "")
+
+
 def final_report(run_dir: Path, accounting: dict[str, Any], elapsed_s: float, total_steps: int, outcome: str) -> str:
     first, last = step_rewards(run_dir)
     lines = [f"run {outcome} in {duration(elapsed_s)}: step {last.get('step', 0)}/{total_steps}"
              + (f", reward {first['reward_mean']:.3f} -> {last['reward_mean']:.3f} (mean per step)"
                 if "reward_mean" in first and "reward_mean" in last else ", no step finished")]
+    evals = read_evals(run_dir)
+    if evals:
+        lines.append(eval_line(evals[0], evals[-1]))
     if "submitted" in accounting:
         lines.append(f"samples: {accounting.get('trained', 0)} trained of {accounting['submitted']} submitted, "
                      f"{accounting.get('failed', 0)} failed, {accounting.get('dropped_stale', 0)} dropped stale, "

@@ -1,9 +1,10 @@
-"""The progress line (elapsed, steps/s, ETA, no 'nan' before the first step) and the final human summary."""
+"""The progress line (elapsed, steps/s, ETA, no 'nan' before the first step, the latest eval) and the final human
+summary (first and last eval too)."""
 
 import json
 
-from launch.progress import StepRate, progress_row
-from launch.report import duration, final_report
+from launch.progress import Progress, StepRate, progress_row
+from launch.report import duration, eval_line, final_report
 
 
 def test_before_the_first_step_nothing_is_nan():
@@ -56,3 +57,34 @@ def test_final_report_counts_client_prompts_apart(tmp_path):
 def test_final_report_without_steps_or_accounting(tmp_path):
     text = final_report(tmp_path, {"error": "the hub did not answer"}, elapsed_s=3, total_steps=5, outcome="failed")
     assert "no step finished" in text and "the hub did not answer" in text and "not exported" in text
+
+
+def test_the_progress_line_shows_the_latest_eval(tmp_path):
+    assert progress_row({"step": 3}, {}, total=20, elapsed_s=5.0, rate=None)["eval"] == "-"
+    ev = {"step": 40, "pass@1": 0.3125, "mean@k": 0.25, "k": 8}
+    assert progress_row({"step": 42}, {}, 200, 5.0, None, latest_eval=ev)["eval"] == "pass@1 0.31 @ step 40"
+    progress = Progress(tmp_path, total_steps=200, enabled=False)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 12, "eval": {"step": 10, "pass@1": 0.2}}) + "\n")
+    progress.update({})
+    assert progress.latest_eval["step"] == 10  # no eval.jsonl: the "eval" a metrics line carried
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 13}) + "\n")
+    progress.update({})
+    assert progress.latest_eval["step"] == 10  # kept while later lines carry none
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"step": s, "pass@1": 0.1 * s}) + "\n" for s in (10, 20)))
+    progress.update({})
+    assert progress.latest_eval["step"] == 20
+
+
+def test_final_report_shows_the_first_and_last_eval(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 200, "reward_mean": 0.7}) + "\n")
+    evals = [{"step": s, "pass@1": p, "mean@k": m, "k": 8, "prompts": 64, "time_s": 1.0 * s}
+             for s, p, m in ((0, 0.19, 0.125), (100, 0.5, 0.4), (200, 0.63, 0.5))]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    text = final_report(tmp_path, {"submitted": 1, "lost": 0}, elapsed_s=60, total_steps=200, outcome="finished")
+    assert "eval pass@1 0.19 -> 0.63 at step 200, mean@8 0.12 -> 0.50 (from step 0, 64 prompts)" in text.splitlines()
+    assert eval_line(evals[0], evals[0]) == "eval pass@1 0.19 at step 0, mean@8 0.12 (64 prompts)"
+    no_k = {"step": 10, "pass@1": 0.25}
+    assert eval_line(no_k, no_k) == "eval pass@1 0.25 at step 10"
+    (tmp_path / "eval.jsonl").unlink()
+    assert "eval" not in final_report(tmp_path, {"submitted": 1}, 60, 200, "finished").split("\n")[1]
