@@ -64,7 +64,8 @@ class Feeder:
         cfg = self.cfg
         sampling = R.SamplingParams(temperature=cfg.task.temperature, max_new_tokens=cfg.task.max_new_tokens)
         source = make_prompt_source(cfg.task, cfg.batch.samples_per_prompt, sampling,
-                                    tokenizer_path=resolve_model_path(cfg.model) if cfg.task.chat_template else None)
+                                    tokenizer_path=resolve_model_path(cfg.model) if cfg.task.chat_template else None,
+                                    heldout=cfg.eval.heldout_count())  # evaluation's prompts are never trained on
         index = self._cursor()
         source = itertools.islice(source, index, None)
         peer = HubPeer(self.endpoint, "feeder", timeout_s=30.0)

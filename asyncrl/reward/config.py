@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("exact_match", "regex", "math", "task", "python", "http", "classifier")
+KINDS = ("exact_match", "regex", "math", "task", "python", "http", "classifier", "reasoning_gym")
 # Options each kind cannot do without; the rest have defaults (see the kind's class in asyncrl.reward).
 _REQUIRED_OPTIONS = {"regex": ("pattern",), "python": ("function",), "http": ("url",), "classifier": ("model",)}
 
@@ -14,14 +14,18 @@ _REQUIRED_OPTIONS = {"regex": ("pattern",), "python": ("function",), "http": ("u
 @dataclass(kw_only=True, slots=True)
 class RewardComponentConfig:
     kind: str
-    """exact_match | regex | math | task | python | http | classifier"""
+    """exact_match | regex | math | task | python | http | classifier | reasoning_gym (what each trusts:
+    docs/rewards.md)"""
     weight: float = 1.0
     """Weight of this component in the total reward."""
     name: str = ""
     """Name reported per component (default: kind)."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Kind-specific options. regex: pattern, full_match (false: search anywhere). python: function
-    ("pkg.module:fn"), cpu_heavy (run in the process pool). http: url, timeout_s (per attempt; default
+    """Kind-specific options. math, reasoning_gym: answer, where the final answer is read ("auto": the last
+    \\boxed{}, else the last marker such as "answer: X" or "#### X", else the last number; "boxed",
+    "marked", "last_number"; see asyncrl.reward.answer). exact_match: answer (unset: the whole response).
+    reasoning_gym: cpu_heavy (run in the process pool). regex: pattern, full_match (false: search
+    anywhere). python: function ("pkg.module:fn"), cpu_heavy (run in the process pool). http: url, timeout_s (per attempt; default
     the reward timeout), retries (2), backoff_s (0.2, doubled per retry), headers. classifier: model (a
     sequence-classification folder), batch_size (16), device ("cpu"), max_length (1024), label, dtype."""
 

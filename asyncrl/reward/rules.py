@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from asyncrl.records import RewardSpec
+from asyncrl.reward.answer import check_mode, final_answer
 from asyncrl.task.arithmetic import verify as task_verify
 
 
@@ -20,14 +21,20 @@ def _normalise(text: str) -> str:
 
 
 class ExactMatch:
-    """1.0 when response and target are equal after collapsing whitespace runs and trimming."""
+    """1.0 when response and target are equal after collapsing whitespace runs and trimming. With
+    options.answer ("auto" | "boxed" | "marked" | "last_number") only the extracted final answer
+    (asyncrl.reward.answer.final_answer) is compared, so reasoning before the answer is allowed."""
 
     def __init__(self, options: dict[str, Any]) -> None:
-        if options:
-            raise ValueError(f"exact_match takes no options, got {sorted(options)}")
+        unknown = set(options) - {"answer"}
+        if unknown:
+            raise ValueError(f"exact_match options: unknown {sorted(unknown)}; allowed: answer")
+        self.mode = check_mode(options["answer"]) if "answer" in options else None
 
     async def __call__(self, response: str, spec: RewardSpec) -> float:
-        return float(_normalise(response) == _normalise(_target(spec, "exact_match")))
+        target = _target(spec, "exact_match")
+        answer = response if self.mode is None else final_answer(response, self.mode)
+        return float(answer is not None and _normalise(answer) == _normalise(target))
 
     async def close(self) -> None:
         pass

@@ -51,6 +51,10 @@ class Scorer:
                     return PythonFunction(c.options, self.offload)
                 case "http":
                     return HttpReward(c.options, self.http, self.cfg.timeout_s)
+                case "reasoning_gym":
+                    from asyncrl.reward.reasoning_gym import ReasoningGymReward  # reasoning-gym: only when used
+
+                    return ReasoningGymReward(c.options, self.offload)
                 case "classifier":
                     from asyncrl.reward.classifier import SequenceClassifier  # torch + transformers: only when used
 

@@ -41,9 +41,13 @@ def summary(run_dir: Path) -> dict:
 
 def test_embedded_default_learns_and_changes_every_parameter(tmp_path):
     run_dir = tmp_path / "run"
-    proc = launch(run_dir, "learner.steps=80", "learner.checkpoint_every=40")
+    proc = launch(run_dir, "learner.steps=80", "learner.checkpoint_every=40", "eval.every=40", "eval.prompts=32")
     assert proc.returncode == 0, proc.output
     ms = metrics(run_dir)
+    evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 40, 80] and all(e["prompts"] == 32 and e["missing"] == 0 for e in evals)
+    assert all(m["eval_prompts_in_batch"] == 0 for m in ms)  # held-out prompts never reach a batch
+    assert ms[-1]["eval"]["step"] == 80 and "eval pass@1" in proc.output
     assert [m["step"] for m in ms] == list(range(1, 81))
     rewards = [m["reward_mean"] for m in ms]
     first, last = sum(rewards[:16]) / 16, sum(rewards[-16:]) / 16

@@ -60,14 +60,17 @@ def test_math_kind_in_a_thread_and_in_the_process_pool():
     assert score(cfg_thread, r"so the answer is $\frac{1}{2}$", "0.5").reward == 1.0
     assert score(cfg_thread, r"the answer is $3$", "0.5").reward == 0.0
 
-    async def pooled():
+    async def pooled(target, texts):
         scorer = Scorer(config({"kind": "math"}, timeout_s=30))
         try:
-            texts = [r"$\boxed{\frac{2}{4}}$", "I think 0.5", r"$\boxed{2}$"]
-            return [s.reward for s in await asyncio.gather(*(scorer.score(item(t, spec("1/2"))) for t in texts))]
+            return [s.reward for s in await asyncio.gather(*(scorer.score(item(t, spec(target))) for t in texts))]
         finally:
             await scorer.close()
-    assert asyncio.run(pooled()) == [1.0, 1.0, 0.0]
+    # A numeric target is compared as a value inline; an unsimplified fraction is not a final answer.
+    assert asyncio.run(pooled("1/2", [r"$\boxed{\frac{1}{2}}$", "I think 0.5", r"$\boxed{2}$", r"$\boxed{\frac{2}{4}}$"])) \
+        == [1.0, 1.0, 0.0, 0.0]
+    # Any other target goes to math-verify in the process pool, with the extracted answer only.
+    assert asyncio.run(pooled(r"\sqrt{2}", [r"so $\boxed{\sqrt{2}}$", r"$\boxed{2}$", r"the answer is \sqrt{2}"])) == [1.0, 0.0, 1.0]
 
 
 def test_python_sync_async_dict_and_spec():
