@@ -9,32 +9,57 @@ Devices are checked by `launch.placement`; what the run directory must or must n
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from asyncrl.config.loader import ConfigError
 from asyncrl.config.run import RunConfig
+from launch.task_check import check_task_source
 
 
 def preflight(cfg: RunConfig) -> None:
     check_model(cfg.model.path)
     check_task_files(cfg)
+    check_task_source(cfg, cfg.eval.heldout_count())  # the feeder builds it only after the hub is up
 
 
 def check_model(path: str) -> None:
-    """model.path is "embedded" or a folder whose config.json transformers can read."""
+    """model.path is "embedded", a folder whose config.json transformers can read, or a GGUF, converted
+    here (once) so that every process finds its Hugging Face folder ready."""
     if path == "embedded":
         return
     folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ConfigError(f'model.path={path!r} does not exist: give a Hugging Face model folder, a .gguf file '
+                          'or "embedded"')
+    folder = _converted_gguf(path) or folder
     if not folder.is_dir():
-        raise ConfigError(f'model.path={path!r} does not exist: give a Hugging Face model folder or "embedded"')
+        raise ConfigError(f"model.path={path!r} is a file but not a .gguf: give a Hugging Face model folder or a "
+                          ".gguf file")
     from transformers import AutoConfig
 
     try:
         AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError ... for a bad folder
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"model.path={path!r}: transformers cannot load its config.json ({first}); "
+        raise ConfigError(f"model.path={path!r}: transformers cannot load its config.json ({_first_line(e)}); "
                           "point it at a Hugging Face model folder") from None
+
+
+def _converted_gguf(path: str) -> Path | None:
+    """The Hugging Face folder of the GGUF that `path` names (converted now if needed), or None for no GGUF."""
+    from asyncrl.models.gguf import GGUFError, converted, find_gguf
+
+    try:
+        gguf = find_gguf(path)
+        return converted(gguf, say=lambda line: print(line, file=sys.stderr)) if gguf is not None else None
+    except (GGUFError, OSError) as e:
+        raise ConfigError(f"model.path={path!r}: {_first_line(e)}; fix or re-fetch the file "
+                          "(python -m asyncrl.models list), or give a Hugging Face model folder") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def check_task_files(cfg: RunConfig) -> None:

@@ -9,7 +9,9 @@ from typing import Literal
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     path: str = "embedded"
-    """A Hugging Face causal-LM folder, or "embedded" for the tiny built-in model (built on first use)."""
+    """A Hugging Face causal-LM folder, a .gguf file (or a folder holding exactly one and no config.json),
+    or "embedded" for the tiny built-in model (built on first use). A GGUF is dequantized once into an fp32
+    Hugging Face folder beside it, X.gguf -> X.hf, reused while the file is unchanged (docs/models.md)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Compute dtype of the engine and the learner (the learner's master weights stay fp32): "auto" is bfloat16
     on GPU, float32 on CPU. "float16" makes engine and learner logprobs agree ~8x closer at the same speed, with
@@ -29,13 +31,17 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if not self.path:
-            raise ValueError('model.path is empty: give a Hugging Face folder or "embedded"')
+            raise ValueError('model.path is empty: give a Hugging Face folder, a .gguf file or "embedded"')
 
 
 def resolve_model_path(cfg: ModelConfig) -> str:
-    """The folder every component loads: "embedded" is built on first use."""
+    """The folder every component loads: "embedded" is built on first use, a GGUF converted on first use
+    (the launcher's preflight does it before any process starts, so its children find the cache)."""
     if cfg.path == "embedded":
         from asyncrl.task.embedded import embedded_model_path
 
         return str(embedded_model_path())
-    return cfg.path
+    from asyncrl.models.gguf import converted, find_gguf
+
+    gguf = find_gguf(cfg.path)
+    return str(converted(gguf)) if gguf is not None else cfg.path
