@@ -12,7 +12,7 @@ from launch.__main__ import EMBEDDED
 def test_top_level_sections_are_the_components():
     # A new knob belongs in its component's config, not in a new top-level section or the launcher.
     assert [f.name for f in dataclasses.fields(RunConfig)] == [
-        "model", "batch", "task", "hub", "generator", "reward", "learner", "launch"]
+        "model", "batch", "task", "hub", "generator", "reward", "learner", "launch", "eval"]
 
 
 def test_embedded_preset_loads_and_overrides_apply():
