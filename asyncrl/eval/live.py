@@ -8,7 +8,8 @@ The learner asks for an evaluation after pushing the weights of a step; the eval
 prompts (`asyncrl.eval.rounds`) as evaluation prompts: the hub leases them before any training prompt and
 outside admission, and forgets them once scored, so they never enter a batch or the run's accounting
 (`asyncrl.replay.state`). The thread scores each response strictly itself and appends the round's record to
-RUN_DIR/eval.jsonl; the learner drains `results()` into its next metrics line, so training never waits for
+RUN_DIR/eval.jsonl (and each greedy answer, with its question and score, to RUN_DIR/eval_responses.jsonl); the
+learner drains `results()` into its next metrics line, so training never waits for
 an evaluation, except the final one (`wait`), bounded by eval.timeout_s.
 
 Backpressure: one round at a time; requests that arrive while one runs wait, and of those only the newest
@@ -135,8 +136,12 @@ class LiveEvaluator:
                 got += h.scored
         for h in handles:  # late samples of this round are counted as rejected by the client, not kept
             client.handles.pop(h.prompt_id, None)
-        record = summarize(step, prompts, [response(s) for s in got], self.cfg, self.score)
-        record.update(time_s=time.time() - self.t0, duration_s=time.time() - start)
+        rows: list[dict[str, Any]] = []
+        record = summarize(step, prompts, [response(s) for s in got], self.cfg, self.score, greedy_rows=rows)
+        now = time.time()
+        record.update(time_s=now - self.t0, duration_s=now - start, wall_time=now)
+        with open(self.run_dir / "eval_responses.jsonl", "a") as f:  # what the model answered, for reading
+            f.writelines(json.dumps(row) + "\n" for row in rows)
         return record
 
     def _publish(self, record: dict[str, Any]) -> None:

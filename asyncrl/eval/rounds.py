@@ -43,9 +43,11 @@ def round_prompts(heldout: list[Prompt], cfg: EvalConfig, sampling: SamplingPara
 
 
 def summarize(step: int, prompts: list[Prompt], responses: Iterable[Response], cfg: EvalConfig,
-              score: Callable[[str, RewardSpec], float] | None = None) -> dict[str, Any]:
+              score: Callable[[str, RewardSpec], float] | None = None,
+              greedy_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The round's record (eval.jsonl, metrics.jsonl "eval"): pass@1, mean@k, lengths, versions, missing.
-    `score` (response text, reward spec) -> 0..1 defaults to the strict check."""
+    `score` (response text, reward spec) -> 0..1 defaults to the strict check. `greedy_rows`, when given,
+    gets one dict per greedy response (question, target, response, score: eval_responses.jsonl)."""
     if score is None:
         from asyncrl.reward.strict import strict_score as score
     strict_score = score
@@ -59,6 +61,10 @@ def summarize(step: int, prompts: list[Prompt], responses: Iterable[Response], c
         (greedy if r.greedy else sampled).append(score)
         if r.greedy:
             lengths.append(r.tokens)
+            if greedy_rows is not None:
+                p = by_id[r.prompt_id]
+                greedy_rows.append({"step": step, "prompt_id": r.prompt_id, "question": p.metadata.get("question"),
+                                    "target": p.reward.target, "response": r.text, "score": score})
         if r.versions is not None:
             versions.append(r.versions)
     n_greedy = sum(1 for p in prompts if p.n == 1 and p.prompt_id.endswith("-g"))

@@ -44,6 +44,10 @@ class LearnerConfig:
     (batch-normalised returns), ppo (value head + GAE). Formulas: docs/algorithms.md."""
     steps: int = 40
     """Learner steps in the run."""
+    time_limit_s: float = 0.0
+    """Wall-time budget of training, in seconds from the learner's start (0: none). The first step to finish
+    past it becomes the run's last: checkpointed, evaluated (waited for) and exported like step `steps`.
+    For "the best you get in 10 minutes"; `steps` stays the upper bound (and sets the cosine schedule)."""
     lr: float = 1e-5
     """Peak learning rate (AdamW)."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
@@ -155,6 +159,8 @@ class LearnerConfig:
             raise ValueError(f"learner.steps={self.steps}: must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"learner.lr={self.lr}: must be > 0")
+        if self.time_limit_s < 0:
+            raise ValueError(f"learner.time_limit_s={self.time_limit_s}: must be >= 0 (0: no time limit)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"learner.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
         if self.warmup_steps < 0:

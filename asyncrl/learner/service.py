@@ -127,6 +127,7 @@ class LearnerService:
         self.committed_step = 0  # last step whose checkpoint is written (and sent to the hub)
         self.reserved = False  # checkpoint staging buffers allocated (after the first step)
         self.t0 = time.time()
+        self.timed_out = False  # learner.time_limit_s spent: the step just trained was the last
 
     # ------------------------------------------------------------------ loop
 
@@ -136,12 +137,16 @@ class LearnerService:
             self._loop()
         finally:  # stopped, finished, or the hub failed us: keep every finished step
             self._final_checkpoint()
-        if self.trainer.step >= self.cfg.learner.steps:
+        if self.finished:
             self.trainer.export(self.run_dir / "export")
+
+    @property
+    def finished(self) -> bool:
+        return self.trainer.step >= self.cfg.learner.steps or self.timed_out
 
     def _loop(self) -> None:
         steps = self.cfg.learner.steps
-        while self.trainer.step < steps:
+        while not self.finished:
             step = self.trainer.step + 1
             self._keep_commit_window(step)
             batch = self._wait_batch(step)
@@ -155,10 +160,11 @@ class LearnerService:
                     self.trainer.reserve_checkpoint_buffers()
                 self.reserved = True
             push = self._push()
-            if step == steps or step % self.cfg.learner.checkpoint_every == 0:
-                self._checkpoint(background=step < steps)
+            last = step >= steps or self._out_of_time()
+            if last or step % self.cfg.learner.checkpoint_every == 0:
+                self._checkpoint(background=not last)
             self._commit_written()
-            self._evaluate(step)
+            self._evaluate(step, last)
             self._report(step, batch, metrics, push)
 
     def _final_checkpoint(self) -> None:
@@ -285,12 +291,22 @@ class LearnerService:
         except (HubError, TimeoutError) as e:
             log.warning("step %d checkpointed but not committed at the hub (%s); committed on resume", step, e)
 
-    def _evaluate(self, step: int) -> None:
+    def _out_of_time(self) -> bool:
+        """learner.time_limit_s spent (decided on every rank alike: the ranks' clocks may straddle the limit)."""
+        limit = self.cfg.learner.time_limit_s
+        if limit <= 0:
+            return False
+        over = time.time() - self.t0 >= limit
+        self.timed_out = self._any(over) if self.trainer.dist.world_size > 1 else over
+        if self.timed_out:
+            log.info("learner.time_limit_s=%g spent at step %d: this step is the last", limit, self.trainer.step)
+        return self.timed_out
+
+    def _evaluate(self, step: int, last: bool) -> None:
         """Ask for an evaluation of the weights just pushed (every eval.every steps and the last); the last one
         is waited for, so the run's final line and summary hold it."""
         if self.evaluator is None:
             return
-        last = step >= self.cfg.learner.steps
         if last or step % self.cfg.eval.every == 0:
             self.evaluator.request(step)
         if last:
@@ -318,7 +334,8 @@ class LearnerService:
             "samples_trained": len(samples), "tokens_generated": self.tokens_trained,
             "tokens_per_s": self.tokens_trained / max(elapsed, 1e-9),
             "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
-            "dropped_stale_in_batch": batch.dropped_stale, "time_s": elapsed, "push": push,
+            "dropped_stale_in_batch": batch.dropped_stale, "time_s": elapsed, "wall_time": self.t0 + elapsed,
+            "push": push,
             "hub": {k: hub.get(k) for k in ("accounting", "states", "queued_prompts", "policy_version")},
             "eval_prompts_in_batch": sum(1 for g in batch.groups if g.prompt.metadata.get("eval")),  # must stay 0
             **({"eval": evals[-1]} if evals else {}),

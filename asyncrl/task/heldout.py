@@ -7,7 +7,8 @@
                    `count` distinct prompts of task.path; training drops every row with a held-out prompt
 
 `make_prompt_source(cfg, n, heldout=count)` applies the training side, so both sides come from the
-functions here. Held-out prompts have n = 1, prompt ids "eval-<i>", task_sampling(cfg), and the same
+functions here. Held-out prompts have n = 1, prompt ids "eval-<i>", task_sampling(cfg), metadata "question"
+(the problem's text before any template; arithmetic and reasoning_gym), and the same
 reward spec as training prompts (target, and for reasoning_gym the params that rebuild the entry), which
 is what asyncrl.reward.strict.strict_score needs.
 """
@@ -36,11 +37,13 @@ def heldout_prompts(cfg: TaskConfig, count: int, tokenizer_path: str | None = No
         return []
     if cfg.name == "arithmetic":
         rows = [PromptRow(text=p.text, token_ids=None, target=p.answer, n=None, params={}, sampling={},
-                          metadata={"task": "arithmetic"}) for p in arithmetic_heldout(cfg, count)]
+                          metadata={"task": "arithmetic", "question": p.text}) for p in arithmetic_heldout(cfg, count)]
     else:
         encoder = task_encoder(cfg, tokenizer_path)
         if cfg.name == "reasoning_gym":
-            rows = [row for _, row in rg_rows(cfg, rg_heldout(cfg, count), encoder)]
+            held = rg_heldout(cfg, count)
+            rows = [dataclasses.replace(row, metadata={**row.metadata, "question": p.question})
+                    for p, (_, row) in zip(held, rg_rows(cfg, held, encoder))]
         else:
             rows = [row for _, row in split_rows(cfg, training_rows(cfg, encoder), encoder, count)[1]]
     sampling = task_sampling(cfg)

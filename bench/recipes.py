@@ -1,0 +1,193 @@
+"""Recipe runs side by side: launch whole runs (`python -m launch`) at once, then read what they learned.
+
+    python -m bench.recipes start --out DIR --run NAME=CONFIG [--run ...] [--set KEY=VALUE] [--set NAME:KEY=VALUE]
+    python -m bench.recipes collect --out DIR [--wait S] [--dest DIR]
+
+`start` launches each run in its own process session (so it outlives the calling shell, e.g. across two
+device calls) with run directory DIR/NAME, and records the launch time. `collect` waits (at most --wait
+seconds) for every run to end, then writes DIR/results.json and prints a table per run: each held-out
+evaluation's strict pass@1 (and mean@k) with the wall time from launch at which its round ended, the final
+summary, and the restatement check: held-out answers that only restate the question (e.g. "(-95 / 95)" for
+"Calculate -95 / 95.") and still scored. It draws each run's curves (asyncrl.plot) into --dest.
+
+Runs started together share the machine: each one's wall times include the others' load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.recipes")
+    sub = p.add_subparsers(dest="verb", required=True)
+    s = sub.add_parser("start", help="launch the runs, each in its own process session")
+    s.add_argument("--out", required=True)
+    s.add_argument("--run", action="append", required=True, metavar="NAME=CONFIG")
+    s.add_argument("--set", action="append", default=[], metavar="[NAME:]KEY=VALUE",
+                   help="override for every run, or for run NAME only")
+    c = sub.add_parser("collect", help="wait for the runs, then summarize them")
+    c.add_argument("--out", required=True)
+    c.add_argument("--wait", type=float, default=0.0, help="seconds to wait for runs still going")
+    c.add_argument("--dest", help="folder for results.json, results.md and the curve PNGs")
+    return p.parse_args(argv)
+
+
+def start(out: Path, runs: list[str], sets: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for spec in runs:
+        name, _, config = spec.partition("=")
+        overrides = [s.split(":", 1)[1] if _scoped(s) else s for s in sets if not _scoped(s) or s.startswith(name + ":")]
+        cmd = [sys.executable, "-m", "launch", config, "--run-dir", str(out / name)]
+        for o in overrides:
+            cmd += ["--set", o]
+        log = open(out / f"{name}.log", "w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        (out / f"{name}.json").write_text(json.dumps({"name": name, "config": config, "overrides": overrides,
+                                                     "pid": proc.pid, "launched": time.time(), "cmd": cmd}))
+        print(f"started {name}: pid {proc.pid}: {' '.join(cmd)}", flush=True)
+
+
+def _scoped(s: str) -> bool:
+    head = s.split("=", 1)[0]
+    return ":" in head
+
+
+def collect(out: Path, wait_s: float, dest: Path | None) -> list[dict[str, Any]]:
+    metas = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "results.json"]
+    deadline = time.time() + wait_s
+    while any(_alive(m["pid"]) for m in metas) and time.time() < deadline:
+        time.sleep(5)
+    results = [summarize(out, m) for m in metas]
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    text = "\n\n".join(render(r) for r in results)
+    print(text, flush=True)
+    if dest is not None:
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out / "results.json", dest / "results.json")
+        (dest / "results.md").write_text(text + "\n")
+        for r in results:
+            _plot(out / r["name"], dest / f"{r['name']}.png")
+    return results
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a finished child of ours that nobody reaped is a zombie, not a run
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def summarize(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    run = out / meta["name"]
+    evals = _jsonl(run / "eval.jsonl")
+    metrics = _jsonl(run / "metrics.jsonl")
+    rows = []
+    for e in evals:  # the round's end in wall time from launch
+        wall = e["wall_time"] - meta["launched"] if "wall_time" in e else None
+        rows.append({"step": e["step"], "pass@1": e["pass@1"], "mean@k": e.get("mean@k"), "wall_s": wall,
+                     "response_tokens": e.get("response_tokens"), "missing": e.get("missing")})
+    summary = _json(run / "summary.json")
+    end = (run / "summary.json").stat().st_mtime - meta["launched"] if summary else None
+    return {"name": meta["name"], "config": meta["config"], "overrides": meta["overrides"], "evals": rows,
+            "steps": metrics[-1]["step"] if metrics else 0, "end_wall_s": end,
+            "reward_first10": _mean([m.get("reward_mean") for m in metrics[:10]]),
+            "reward_last10": _mean([m.get("reward_mean") for m in metrics[-10:]]),
+            "accounting": (summary or {}).get("accounting"), "restated_and_scored": restated(run),
+            "eval_prompts_in_batches": sum(m.get("eval_prompts_in_batch", 0) for m in metrics)}
+
+
+def restated(run: Path) -> dict[str, int]:
+    """Held-out greedy answers that are the question's expression itself (no value of their own), and how many scored."""
+    seen = scored = 0
+    for row in _jsonl(run / "eval_responses.jsonl"):
+        expr = _expression(row.get("question") or "")
+        if expr and _bare(row["response"]) == expr:
+            seen += 1
+            scored += row["score"] > 0
+    return {"restated": seen, "restated_scored": scored}
+
+
+def _expression(question: str) -> str:
+    m = re.search(r"(?:Calculate|What is|Solve|Compute|Evaluate:)\s*(.+?)[.?]?\s*$", question.strip())
+    return _bare(m.group(1)) if m else ""
+
+
+def _bare(text: str) -> str:
+    return re.sub(r"[\s().=]+", "", text)
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [f"## {r['name']} ({r['config']} {' '.join(r['overrides'])})",
+             f"steps {r['steps']}, launch -> summary {_fmt(r['end_wall_s'])} s, reward mean first 10 steps "
+             f"{_fmt(r['reward_first10'])}, last 10 {_fmt(r['reward_last10'])}, eval prompts in batches "
+             f"{r['eval_prompts_in_batches']}, restated answers {r['restated_and_scored']}",
+             "", "| step | wall s from launch | held-out pass@1 | mean@k | response tokens |", "|---|---|---|---|---|"]
+    for e in r["evals"]:
+        lines.append(f"| {e['step']} | {_fmt(e['wall_s'])} | {e['pass@1']:.3f} | {_fmt(e['mean@k'])} | "
+                     f"{_fmt(e['response_tokens'])} |")
+    if r["accounting"]:
+        lines.append(f"\naccounting: {json.dumps(r['accounting'])}")
+    return "\n".join(lines)
+
+
+def _plot(run: Path, png: Path) -> None:
+    try:
+        subprocess.run([sys.executable, "-m", "asyncrl.plot", str(run), "-o", str(png)], check=True, timeout=120)
+    except (subprocess.SubprocessError, OSError) as e:
+        print(f"plot of {run} failed: {e}", file=sys.stderr)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line cut by a kill
+    return out
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _mean(xs: list[Any]) -> float | None:
+    vals = [float(x) for x in xs if isinstance(x, (int, float))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else (f"{x:.3f}" if isinstance(x, float) and abs(x) < 10 else f"{x:.0f}" if isinstance(x, float) else str(x))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.verb == "start":
+        start(Path(args.out), args.run, args.set)
+    else:
+        collect(Path(args.out), args.wait, Path(args.dest) if args.dest else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
