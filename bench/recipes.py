@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 
+STAGGER_S = 5.0  # between launches: each picks its free ports by binding port 0, then lets them go
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.recipes")
     sub = p.add_subparsers(dest="verb", required=True)
@@ -55,6 +58,7 @@ def start(out: Path, runs: list[str], sets: list[str]) -> None:
         (out / f"{name}.json").write_text(json.dumps({"name": name, "config": config, "overrides": overrides,
                                                      "pid": proc.pid, "launched": time.time(), "cmd": cmd}))
         print(f"started {name}: pid {proc.pid}: {' '.join(cmd)}", flush=True)
+        time.sleep(STAGGER_S)
 
 
 def _scoped(s: str) -> bool:
