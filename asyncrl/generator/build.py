@@ -28,9 +28,13 @@ def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
         return SGLangEngine(cfg.generator.sglang, logits_fp32=cfg.model.logits_fp32)
     from asyncrl.engine.torch.engine import TorchEngine
 
+    kv = cfg.generator.kv_cache_tokens
     return TorchEngine(model_path, device=device, dtype=cfg.model.dtype, max_running=cfg.generator.max_running,
-                       seed=cfg.generator.seed, deterministic=cfg.generator.deterministic,
+                       num_kv_blocks=-(-kv // KV_BLOCK_SIZE) if kv else None, kv_block_size=KV_BLOCK_SIZE, seed=cfg.generator.seed, deterministic=cfg.generator.deterministic,
                        residual_fp32=cfg.model.residual_fp32, logits_fp32=cfg.model.logits_fp32)
+
+
+KV_BLOCK_SIZE = 16  # tokens per KV block of the torch engine
 
 
 def build_generator(

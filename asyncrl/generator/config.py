@@ -16,6 +16,9 @@ class GeneratorConfig:
     """Generator processes."""
     max_running: int = 64
     """Sequences decoded together (engine batch capacity)."""
+    kv_cache_tokens: int = 0
+    """Torch engine: tokens of KV cache to allocate; 0: auto = max_running x min(model length, 4096), at most 90 %
+    of the free device memory. Set it when several runs or processes share one GPU (the auto size takes it)."""
     inflight_update: Literal["continue", "abort"] = "continue"
     """On a weight update, in-flight requests continue under the new weights (versions recorded per
     token) or are aborted and their prompts returned to the hub."""
@@ -39,6 +42,8 @@ class GeneratorConfig:
             raise ValueError(f"generator.count={self.count}: must be >= 1")
         if self.max_running < 1:
             raise ValueError(f"generator.max_running={self.max_running}: must be >= 1")
+        if self.kv_cache_tokens < 0:
+            raise ValueError(f"generator.kv_cache_tokens={self.kv_cache_tokens}: must be >= 0 (0: auto)")
         if self.deterministic and self.engine != "torch":
             raise ValueError(
                 f"generator.deterministic=true needs generator.engine='torch' (now {self.engine!r}): the learner "
