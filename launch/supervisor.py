@@ -31,6 +31,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.credentials import Credentials, RunSecret
 from asyncrl.feeder import Feeder
 from asyncrl.peer import ENV_RECONNECT, HubPeer
+from asyncrl.plot.evals import read_evals
 from asyncrl.prometheus import LOOPBACK, metrics_url
 from asyncrl.rundir import last_metrics, write_json, write_run_json
 from launch.host import Host, LocalHost
@@ -162,7 +163,9 @@ class Supervisor:
         accounting = stats.get("accounting") or {
             "error": "the hub did not answer at the end; its log in the run directory still holds the state: "
                      "`python -m launch --resume RUN_DIR` continues the run and reports it"}
+        evals = read_evals(self.run_dir)  # held-out, strict: first and last (every round is in eval.jsonl)
         summary = {"accounting": accounting, "hub": stats,
+                   "eval": {"first": evals[0], "last": evals[-1], "rounds": len(evals)} if evals else None,
                    "exit_codes": {n: c.proc.returncode for n, c in self.children.items()},
                    "restarts": {n: b.total for n, b in self.budgets.items()}}
         write_json(self.run_dir / "summary.json", summary)

@@ -48,6 +48,7 @@ def test_embedded_default_learns_and_changes_every_parameter(tmp_path):
     assert [e["step"] for e in evals] == [0, 40, 80] and all(e["prompts"] == 32 and e["missing"] == 0 for e in evals)
     assert all(m["eval_prompts_in_batch"] == 0 for m in ms)  # held-out prompts never reach a batch
     assert ms[-1]["eval"]["step"] == 80 and "eval pass@1" in proc.output
+    assert summary(run_dir)["eval"]["first"]["step"] == 0 and summary(run_dir)["eval"]["last"]["step"] == 80
     assert [m["step"] for m in ms] == list(range(1, 81))
     rewards = [m["reward_mean"] for m in ms]
     first, last = sum(rewards[:16]) / 16, sum(rewards[-16:]) / 16
