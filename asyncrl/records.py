@@ -39,6 +39,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOS or a stop token (the token is in the response)
     LENGTH = "length"  # max_new_tokens reached
     ABORT = "abort"  # aborted (weight update in abort mode, shutdown); partial output
+    ENV_ERROR = "env_error"  # a multi-turn episode whose environment failed (Sample.env_error says why)
 
 
 class ScoreStatus(enum.StrEnum):
@@ -106,6 +107,14 @@ class Sample:
     response_text: str = ""
     timings: dict[str, float] = field(default_factory=dict)  # seconds: queue, prefill, decode, ...
     generator: str = ""  # which generator made it
+    # Multi-turn episodes (asyncrl.rollout): the response holds every token after the prompt in order, the
+    # model's turns and the environment's tokens between them, exactly as the engine saw them.
+    loss_mask: np.ndarray | None = None  # [resp_len] int32: 1 sampled by the policy (trained), 0 appended by
+    #                                      the environment (logprob 0, never trained); None: all 1
+    turn_rewards: np.ndarray | None = None  # [turns] float32: the environment's reward after each model turn
+    env_reward: float | None = None  # the environment's episode reward (discounted); None: no environment
+    env_error: str = ""  # why the environment failed this episode (finish_reason ENV_ERROR); "" if it did not
+    rollout: dict[str, float] = field(default_factory=dict)  # episode stats: turns, env_time_s, tool_calls, ...
 
 
 @dataclass(kw_only=True, slots=True)

@@ -21,6 +21,23 @@ def preflight(cfg: RunConfig) -> None:
     check_model(cfg.model.path)
     check_task_files(cfg)
     check_task_source(cfg, cfg.eval.heldout_count())  # the feeder builds it only after the hub is up
+    check_environment(cfg)
+
+
+def check_environment(cfg: RunConfig) -> None:
+    """generator.rollout.environment imports and has reset/step; the environment reward needs an environment."""
+    rollout = cfg.generator.rollout
+    if rollout.multi_turn:
+        from asyncrl.rollout.environment import EnvironmentLoadError, load_environment
+
+        try:
+            load_environment(rollout.environment)
+        except EnvironmentLoadError as e:
+            raise ConfigError(str(e)) from None
+    kinds = {c.kind for c in cfg.reward.components}
+    if "environment" in kinds and not rollout.multi_turn:
+        raise ConfigError("reward.components: kind 'environment' scores the environment's reward, but "
+                          "generator.rollout.environment is not set; set it or use another reward kind")
 
 
 def check_model(path: str) -> None:

@@ -54,7 +54,15 @@ def progress_row(m: dict[str, Any], hub: dict[str, Any], total: int, elapsed_s: 
         "version": str(hub.get("policy_version", m.get("policy_version", 0))),
         "queues": " ".join(f"{k}={v}" for k, v in (hub.get("states") or {}).items() if v),
         "eval": _eval(latest_eval),
+        **({"episodes": _episodes(m)} if "turns_mean" in m else {}),
     }
+
+
+def _episodes(m: dict[str, Any]) -> str:
+    """'turns 1.8, env 0.12 s, tools 40, failed timeout=2': multi-turn runs only."""
+    failed = " ".join(f"{k}={v}" for k, v in (m.get("episode_failed") or {}).items())
+    return (f"turns {m['turns_mean']:.2f}, env {m.get('env_time_s', 0.0):.2f} s, tools {m.get('tool_calls', 0):.0f}"
+            + (f", failed {failed}" if failed else ""))
 
 
 def _eval(e: dict[str, Any] | None) -> str:

@@ -10,6 +10,11 @@ from asyncrl.config.run import RunConfig
 from asyncrl.credentials import Credentials
 from asyncrl.engine.protocol import Engine
 from asyncrl.generator.worker import GeneratorWorker
+from asyncrl.rollout.config import RolloutConfig
+from asyncrl.rollout.environment import load_environment
+from asyncrl.rollout.multi_turn import MultiTurn
+from asyncrl.rollout.protocol import Rollout
+from asyncrl.rollout.single_turn import SingleTurn
 from asyncrl.peer import HubPeer
 from asyncrl.timeline import Timeline
 from asyncrl.weights.receiver import WeightReceiver
@@ -48,10 +53,18 @@ def build_generator(
     hub = HubPeer(endpoints["replay"], name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     weights = WeightReceiver(endpoints["weights"], name, device, engine, credentials=Credentials.from_env())
     timeline = Timeline(run_dir, name)
+    rollout = build_rollout(cfg.generator.rollout, tokenizer, engine.limits().vocab_size)
     worker = GeneratorWorker(
         name=name, engine=engine, hub=hub, tokenizer=tokenizer, max_running=cfg.generator.max_running,
         weights=weights, seed=cfg.generator.seed,
         heartbeat_s=cfg.generator.heartbeat_s, timeline=timeline,
-        group_size=cfg.batch.samples_per_prompt,
+        group_size=cfg.batch.samples_per_prompt, rollout=rollout,
     )
-    return worker, [timeline.close, weights.close, hub.close, engine.close]
+    return worker, [timeline.close, weights.close, hub.close, rollout.close, engine.close]
+
+
+def build_rollout(cfg: RolloutConfig, tokenizer: object, vocab_size: int | None) -> Rollout:
+    """The configured rollout: SingleTurn, or MultiTurn over generator.rollout.environment."""
+    if not cfg.multi_turn:
+        return SingleTurn()
+    return MultiTurn(cfg, load_environment(cfg.environment), tokenizer, vocab_size)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from asyncrl.engine.sglang.config import SGLangConfig
+from asyncrl.rollout.config import RolloutConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -28,6 +29,9 @@ class GeneratorConfig:
     """Seconds between heartbeats to the hub."""
     seed: int = 0
     """Base seed of sampling (each prompt and sample derives its own)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How a prompt becomes samples: one model turn (default), or episodes against an environment
+    (docs/rollouts.md)."""
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     """How to reach the SGLang server when engine = "sglang"."""
     deterministic: bool = False

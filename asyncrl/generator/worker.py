@@ -33,11 +33,14 @@ from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
 from asyncrl.generator.admission import why_not
 from asyncrl.heartbeat import Hub  # timeout_s is shortened at shutdown: an exit never hangs on a dead hub
 from asyncrl.heartbeat import Heartbeats
+from asyncrl.rollout.protocol import Finished, Rollout, Trajectory
+from asyncrl.rollout.single_turn import SingleTurn
 from asyncrl.timeline import Timeline
 from asyncrl.weights.receiver import UpdateResult
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.02  # with nothing to decode: how long to wait for a weight push before asking the hub again
+BUSY_WAIT_S = 0.002  # the same while episodes wait on their environments (poll them again soon)
 
 
 class WeightSource(Protocol):
@@ -58,7 +61,7 @@ class _Group:
     lease_id: str
     token_ids: np.ndarray  # [prompt_len] int32: what the engine got, sent back as Sample.prompt_token_ids
     leased_at: float
-    outputs: dict[int, GenerationOutput] = field(default_factory=dict)
+    outputs: dict[int, Trajectory] = field(default_factory=dict)
 
 
 class GeneratorWorker:
@@ -66,12 +69,15 @@ class GeneratorWorker:
         self, *, name: str, engine: Engine, hub: Hub, tokenizer: Tokenizer | None, max_running: int,
         weights: WeightSource | None = None, seed: int = 0,
         heartbeat_s: float = 2.0, timeline: Timeline | None = None, group_size: int = 1,
+        rollout: Rollout | None = None,
     ) -> None:
+        """`rollout`: how a prompt becomes samples (asyncrl.rollout); default one model turn per sample."""
         self.name, self.engine, self.hub, self.tokenizer = name, engine, hub, tokenizer
         self.max_running, self.weights = max_running, weights
         self.seed, self.heartbeat_s = seed, heartbeat_s
         self.group_size = group_size  # expected samples per prompt, to size lease requests
         self.timeline = timeline or Timeline(None, name)
+        self.rollout: Rollout = rollout or SingleTurn()
         self.groups: dict[str, _Group] = {}
         self.hub_version = 0
         self.stopping = False
@@ -102,6 +108,7 @@ class GeneratorWorker:
     def run_once(self) -> None:
         self._sync_weights()
         self._lease()
+        self._advance()
         if self.engine.has_work():
             start = time.time()
             outputs = self.engine.step()
@@ -112,11 +119,13 @@ class GeneratorWorker:
         self._heartbeat()
 
     def _idle(self) -> None:
-        """Nothing to decode: wait on the weight socket (not on the hub), so a push is served at once."""
+        """Nothing to decode: wait on the weight socket (not on the hub), so a push is served at once;
+        episodes waiting on their environments are polled again after it (`_advance`)."""
+        wait = BUSY_WAIT_S if self.rollout.busy() else IDLE_WAIT_S
         if self.weights is None:
-            time.sleep(IDLE_WAIT_S)
+            time.sleep(wait)
         else:
-            self._sync_weights(IDLE_WAIT_S)
+            self._sync_weights(wait)
 
     # ------------------------------------------------------------------ phases
 
@@ -166,16 +175,33 @@ class GeneratorWorker:
         self.hub.request(R.ReturnPrompts(lease_id=lease_id, prompt_ids=[prompt.prompt_id], reason=reason[:1000]))
 
     def _add(self, prompt: R.Prompt, lease_id: str, ids: np.ndarray) -> None:
+        """Hand the prompt to the rollout and its first requests to the engine (ValueError: the engine
+        refused one; then nothing stays registered)."""
         sampling = R.SamplingParams(
             temperature=prompt.sampling.temperature, top_p=prompt.sampling.top_p, top_k=prompt.sampling.top_k,
             max_new_tokens=prompt.sampling.max_new_tokens, stop_token_ids=list(prompt.sampling.stop_token_ids),
             ignore_eos=prompt.sampling.ignore_eos,
             seed=prompt.sampling.seed if prompt.sampling.seed is not None else self._seed_for(prompt.prompt_id),
         )
-        self.engine.add(GenerationRequest(
-            request_id=prompt.prompt_id, prompt_token_ids=ids, sampling=sampling, n=prompt.n
-        ))  # raises ValueError for a request it cannot take; then nothing is registered here
+        added: list[str] = []
+        try:
+            for request in self.rollout.start(prompt, ids, sampling):
+                self.engine.add(request)  # raises ValueError for a request it cannot take
+                added.append(request.request_id)
+        except ValueError:
+            self.engine.abort(added + self.rollout.drop(prompt.prompt_id))
+            raise
         self.groups[prompt.prompt_id] = _Group(prompt, lease_id, ids, time.time())
+
+    def _advance(self) -> None:
+        """Environment calls that answered: next turns into the engine, finished episodes into their groups."""
+        requests, finished = self.rollout.poll(self.engine.weight_version)
+        for request in requests:
+            try:
+                self.engine.add(request)
+            except ValueError as e:  # e.g. the history outgrew the KV cache: that episode ends, not the run
+                finished += self.rollout.rejected(request.request_id, str(e))
+        self._take(finished)
 
     def _tokenize(self, text: str) -> np.ndarray:
         if self.tokenizer is None:
@@ -187,27 +213,37 @@ class GeneratorWorker:
         return zlib.crc32(f"{self.seed}:{prompt_id}".encode()) & 0x7FFFFFFF
 
     def _collect(self, outputs: list[GenerationOutput]) -> None:
-        done: list[_Group] = []
+        finished: list[Finished] = []
         aborted: set[str] = set()
         for out in outputs:
-            group = self.groups.get(out.request_id)
-            if group is None:
+            prompt_id = self.rollout.owner(out.request_id)
+            if prompt_id is None or prompt_id not in self.groups or prompt_id in aborted:
                 continue
             if out.finish_reason == R.FinishReason.ABORT:
-                aborted.add(out.request_id)
+                aborted.add(prompt_id)
                 continue
-            group.outputs[out.sample_index] = out
             self._stats["tokens_generated"] += len(out.token_ids)
-            if len(group.outputs) == group.prompt.n:
-                done.append(group)
+            finished += self.rollout.on_output(out, self.engine.weight_version)
         for prompt_id in aborted:
             self._return_group(prompt_id)
+        self._take(finished)
+
+    def _take(self, finished: list[Finished]) -> None:
+        done: list[_Group] = []
+        for prompt_id, trajectory in finished:
+            group = self.groups.get(prompt_id)
+            if group is None:
+                continue
+            group.outputs[trajectory.sample_index] = trajectory
+            if len(group.outputs) == group.prompt.n:
+                done.append(group)
         self._send(done)
 
     def _send(self, done: list[_Group]) -> None:
         by_lease: dict[str, list[R.Sample]] = {}
         for group in done:
             del self.groups[group.prompt.prompt_id]
+            self.rollout.finished(group.prompt.prompt_id)
             by_lease.setdefault(group.lease_id, []).extend(self._samples(group))
         for lease_id, samples in by_lease.items():
             self.hub.request(R.SampleBatch(lease_id=lease_id, samples=samples))
@@ -223,6 +259,8 @@ class GeneratorWorker:
                 response_token_ids=o.token_ids, logprobs=o.logprobs, versions=o.versions,  # dtypes: the Engine protocol's
                 finish_reason=o.finish_reason, response_text=text,
                 timings={**o.timings, "lease_to_done": time.time() - group.leased_at}, generator=self.name,
+                loss_mask=o.loss_mask, turn_rewards=o.turn_rewards, env_reward=o.env_reward, env_error=o.env_error,
+                rollout=o.stats,
             ))
         return out
 
@@ -230,7 +268,7 @@ class GeneratorWorker:
         group = self.groups.pop(prompt_id, None)
         if group is None:
             return
-        self.engine.abort([prompt_id])
+        self.engine.abort(self.rollout.drop(prompt_id))
         self.hub.request(R.ReturnPrompts(lease_id=group.lease_id, prompt_ids=[prompt_id]))
         self._stats["groups_returned"] += 1
 
@@ -239,7 +277,7 @@ class GeneratorWorker:
         if not self.groups:
             return
         log.info("%s: returning %d unfinished prompts (%s)", self.name, len(self.groups), why)
-        self.engine.abort(list(self.groups))
+        self.engine.abort([rid for prompt_id in self.groups for rid in self.rollout.drop(prompt_id)])
         by_lease: dict[str, list[str]] = {}
         for prompt_id, group in self.groups.items():
             by_lease.setdefault(group.lease_id, []).append(prompt_id)
@@ -253,7 +291,7 @@ class GeneratorWorker:
             return
         now = time.monotonic()
         es = self.engine.stats()
-        stats = {**self._stats, "running": float(es.running), "waiting": float(es.waiting),
+        stats = {**self._stats, **self.rollout.stats(), "running": float(es.running), "waiting": float(es.waiting),
                  "tokens_per_s": self._stats["tokens_generated"] / max(now - self._t0, 1e-9),
                  "weight_version": float(es.weight_version)}
         answer = self.beats.send(self.hub, stats)

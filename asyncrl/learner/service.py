@@ -48,6 +48,7 @@ from asyncrl.metrics import MetricsWriter
 from asyncrl.nccl_env import set_nccl_defaults
 from asyncrl.tcp_store import bound_store, client_store
 from asyncrl.peer import HubError, HubPeer
+from asyncrl.rollout.metrics import episode_metrics
 from asyncrl.task import task_sampling
 from asyncrl.timeline import Timeline
 from asyncrl.weights.bucket import drain
@@ -338,6 +339,7 @@ class LearnerService:
             "push": push,
             "hub": {k: hub.get(k) for k in ("accounting", "states", "queued_prompts", "policy_version")},
             "eval_prompts_in_batch": sum(1 for g in batch.groups if g.prompt.metadata.get("eval")),  # must stay 0
+            **episode_metrics(batch.groups),
             **({"eval": evals[-1]} if evals else {}),
         })
 

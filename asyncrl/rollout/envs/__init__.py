@@ -1,0 +1,1 @@
+"""Built-in environments (generator.rollout.environment = "asyncrl.rollout.envs.<module>:<Class>")."""
