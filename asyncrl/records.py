@@ -255,6 +255,9 @@ class ToScoreItem:
     sample_index: int
     response_text: str
     reward: RewardSpec
+    finish_reason: FinishReason = FinishReason.STOP
+    env_reward: float | None = None  # Sample.env_reward: the environment's episode reward (the environment kind)
+    env_error: str = ""  # Sample.env_error: with finish_reason env_error, scored FAILED without a reward function
 
 
 @dataclass(kw_only=True, slots=True)

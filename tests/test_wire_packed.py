@@ -89,7 +89,8 @@ def test_reward_workers_get_ids_and_text_only():
     frame = wire.encode(msg)
     assert wire.decode(frame) == msg
     item = msgpack.unpackb(frame, raw=False)["b"]["items"][0]
-    assert sorted(item) == ["prompt_id", "response_text", "reward", "sample_index"]  # no logprobs, versions, ids
+    assert sorted(item) == ["env_error", "env_reward", "finish_reason", "prompt_id", "response_text", "reward",
+                            "sample_index"]  # no logprobs, versions, ids
     assert "ScoredBatch" not in wire.MESSAGE_TYPES  # scores travel by id only
 
 

@@ -7,6 +7,11 @@ Face models turn into a block-diagonal causal mask (see logprobs.py). Each micro
 
 Per response token t of a sequence with prompt length P, the logits at packed position start + P - 1 + t
 predict it; `gather_idx` lists those positions so only response rows ever reach the lm_head.
+
+A multi-turn sample's response interleaves the policy's turns with the environment's tokens
+(`Sample.loss_mask`, 1 = the policy's). Every token is packed and attended to as the engine saw it, but
+`MicroBatch.mask` is 0 on environment tokens: they get no loss weight (no gradient) and count in no
+normaliser or statistic.
 """
 
 from __future__ import annotations
@@ -37,10 +42,22 @@ class SeqRecord:
     max_new_tokens: int
     reward: float  # after shaping (overlong penalty)
     advantage: float = 0.0  # outcome-level advantage (token-level algorithms fill per token later)
+    loss_mask: np.ndarray | None = None  # [R] int32, 1 = the policy's token, 0 = the environment's; None: all 1
 
     @property
     def num_input_tokens(self) -> int:
         return len(self.prompt) + len(self.response) - 1
+
+    @property
+    def num_trained_tokens(self) -> int:
+        """Response tokens the loss sees: the policy's own (every token of a single-turn sample)."""
+        return len(self.response) if self.loss_mask is None else int(self.loss_mask.sum())
+
+    def trained_mask(self) -> np.ndarray:
+        """[R] float32: 1.0 on the policy's tokens, 0.0 on the environment's."""
+        if self.loss_mask is None:
+            return np.ones(len(self.response), np.float32)
+        return self.loss_mask.astype(np.float32)
 
 
 def flatten_batch(batch: records.Batch) -> tuple[list[SeqRecord], int]:
@@ -61,6 +78,7 @@ def flatten_batch(batch: records.Batch) -> tuple[list[SeqRecord], int]:
                 index=len(out), group=g, prompt=np.asarray(s.prompt_token_ids), response=np.asarray(s.response_token_ids),
                 behav_logp=np.asarray(s.logprobs, dtype=np.float32), versions=np.asarray(s.versions),
                 temperature=float(temp), max_new_tokens=group.prompt.sampling.max_new_tokens, reward=float(scored.reward),
+                loss_mask=None if s.loss_mask is None else np.asarray(s.loss_mask),
             ))
     return out, skipped
 
@@ -74,6 +92,11 @@ def _check_sample(s: records.Sample) -> None:
             f"sample {s.prompt_id}/{s.sample_index}: {r} response tokens but {len(s.logprobs)} logprobs and "
             f"{len(s.versions)} versions; the generator must record one of each per token"
         )
+    if s.loss_mask is not None:
+        mask = np.asarray(s.loss_mask)
+        if mask.shape != (r,) or not np.isin(mask, (0, 1)).all():
+            raise ValueError(f"sample {s.prompt_id}/{s.sample_index}: loss_mask must be [{r}] of 0/1 (one per response "
+                             f"token), got shape {mask.shape} with values {np.unique(mask)[:4].tolist()}")
 
 
 @dataclass(slots=True)
@@ -87,7 +110,7 @@ class MicroBatch:
     temperature: Tensor  # [n] float32
     behav_logp: Tensor  # [n] float32
     versions: Tensor  # [n] int64
-    mask: Tensor  # [n] float32, 0 only for the filler token of a filler micro-batch
+    mask: Tensor  # [n] float32: 1 on the policy's tokens; 0 on environment tokens and on a filler's tokens
     seq_lens: Tensor  # [s] response lengths
     seq_index: list[int]  # SeqRecord.index per sequence (-1: filler)
     cu_seqlens: Tensor  # [s + 1] int32, input-token boundaries of the packed sequences (varlen attention)
@@ -197,11 +220,19 @@ def build_micro_batch(seqs: list[SeqRecord]) -> MicroBatch:
         targets=t(np.concatenate([s.response for s in seqs]).astype(np.int64)),
         temperature=t(np.repeat(np.array([s.temperature for s in seqs], np.float32), r_len)),
         behav_logp=t(np.concatenate([s.behav_logp for s in seqs]).astype(np.float32)),
-        versions=t(np.concatenate([s.versions for s in seqs]).astype(np.int64)), mask=t(np.ones(n, np.float32)),
+        versions=t(np.concatenate([s.versions for s in seqs]).astype(np.int64)),
+        mask=t(_trained_mask(seqs, n)),
         seq_lens=t(r_len.copy()), seq_index=[s.index for s in seqs],
         cu_seqlens=cu_seqlens(in_len.tolist()), max_seqlen=int(in_len.max()),
         advantages=t(np.repeat(np.array([s.advantage for s in seqs], np.float32), r_len)),
     )
+
+
+def _trained_mask(seqs: list[SeqRecord], n: int) -> np.ndarray:
+    """[n] float32 over the pack's response tokens: 1 where the policy's token trains."""
+    if all(s.loss_mask is None for s in seqs):
+        return np.ones(n, np.float32)
+    return np.concatenate([s.trained_mask() for s in seqs])
 
 
 def filler_micro_batch() -> MicroBatch:

@@ -34,14 +34,16 @@ LOG_RATIO_BOUND = 20.0
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, seq_lens: Tensor,
-                cfg: LearnerConfig) -> tuple[Tensor, Tensor]:
+                cfg: LearnerConfig, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The configured clipped surrogate per token. logp, old_logp, advantages [n] fp32 (response tokens
-    of a packed micro-batch, sequences contiguous), seq_lens [s] int64 with sum(seq_lens) == n.
-    Ratio per token (`ratio_level="token"`) or per sequence ("sequence"), clip range
-    [1 - clip_eps_low, 1 + clip_eps_high], dual-clip for negative advantages. Returns (loss [n],
-    clipped [n] bool: the token has no gradient because a clip branch was taken)."""
+    of a packed micro-batch, sequences contiguous), seq_lens [s] int64 with sum(seq_lens) == n, mask [n]
+    (MicroBatch.mask: 0 on environment and filler tokens; None: all 1).
+    Ratio per token (`ratio_level="token"`) or per sequence ("sequence", over the masked-in tokens), clip
+    range [1 - clip_eps_low, 1 + clip_eps_high], dual-clip for negative advantages. Returns (loss [n],
+    clipped [n] bool: the token has no gradient because a clip branch was taken). Masked-out tokens still
+    get a (finite) loss value: the aggregation weights zero them."""
     if cfg.resolved_ratio_level == "sequence":
-        ratio = sequence_ratio(logp, old_logp, seq_lens)
+        ratio = sequence_ratio(logp, old_logp, seq_lens, mask)
     else:
         ratio = token_ratio(logp, old_logp)
     return clipped_surrogate(ratio, advantages, cfg.clip_eps_low, cfg.resolved_clip_eps_high, cfg.dual_clip)
@@ -52,13 +54,15 @@ def token_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
     return torch.exp((logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
-def sequence_ratio(logp: Tensor, old_logp: Tensor, seq_lens: Tensor) -> Tensor:
-    """rho_s = exp(sum_{t in s} (logp_t - old_t)), the ratio of whole-sample probabilities, repeated on
-    each token of its sample.  [n], [n], seq_lens [s] -> [n]"""
+def sequence_ratio(logp: Tensor, old_logp: Tensor, seq_lens: Tensor, mask: Tensor | None = None) -> Tensor:
+    """rho_s = exp(sum_{t in s, mask_t = 1} (logp_t - old_t)), the ratio of the probabilities of the sample's
+    policy tokens (an environment's tokens were not sampled from the policy), repeated on each token of its
+    sample.  [n], [n], seq_lens [s], mask [n] or None (all 1) -> [n]"""
     seq_ids = torch.repeat_interleave(  # [n]; output_size avoids a device sync
         torch.arange(len(seq_lens), device=logp.device), seq_lens.to(logp.device), output_size=logp.shape[0])
+    log_diff = logp - old_logp if mask is None else torch.where(mask > 0, logp - old_logp, 0.0)  # [n]
     log_rho = torch.zeros(len(seq_lens), dtype=logp.dtype, device=logp.device)  # [s]
-    log_rho = log_rho.index_add(0, seq_ids, logp - old_logp)
+    log_rho = log_rho.index_add(0, seq_ids, log_diff)
     return torch.exp(log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))[seq_ids]
 
 
@@ -130,15 +134,17 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float)
 
 
 def aggregation_weights(seq_lens: Tensor, mode: str, total_tokens: float, total_seqs: float,
-                        constant: float = 1.0) -> Tensor:
+                        constant: float = 1.0, trained_lens: Tensor | None = None) -> Tensor:
     """Per-token weights so that sum_t w_t * loss_t is the configured aggregate over the global
     mini-batch. seq_lens [s] response lengths of this micro-batch's sequences -> [sum(seq_lens)]:
       token_mean: 1 / total_tokens                  (DAPO: every token of the batch counts the same)
       seq_mean:   1 / (len_s * total_seqs)           (GRPO: mean per sequence, then over sequences)
       constant:   1 / (constant * total_seqs)        (Dr.GRPO: constant = max response length)
+    total_tokens and len_s count trained tokens: trained_lens [s] (the policy's tokens of each sequence,
+    multi-turn samples) or, when None, seq_lens. The caller zeroes the untrained tokens' weights (mask).
     On the host it repeats with numpy: torch's CPU repeat_interleave goes through its OpenMP pool, and between
     GPU steps on a 16-core host (or on a busy machine) that took ~7.5 ms a call instead of ~0.07."""
-    lens = seq_lens.to(torch.float32)
+    lens = (seq_lens if trained_lens is None else trained_lens).to(torch.float32)
     if mode == "token_mean":
         per_seq = torch.full_like(lens, 1.0 / max(total_tokens, 1.0))
     elif mode == "seq_mean":

@@ -11,6 +11,8 @@ number of micro-batches per mini-batch) agree across ranks without communication
 
 The group filter drops groups without signal; the batch then trains on fewer samples (it is not refilled),
 and the loss normalisers count only the kept samples, so the per-token scale of the update is unchanged.
+Token counts (normalisers, `tokens`, staleness) count the policy's tokens only: a multi-turn sample's
+environment tokens (loss_mask 0) are packed but never trained.
 """
 
 from __future__ import annotations
@@ -58,16 +60,24 @@ def prepare_batch(batch: records.Batch, cfg: LearnerConfig, rank: int, world_siz
     minis = []
     for m in range(cfg.mini_batches):
         bins = [pack_micro_batches(per_rank[r][m], cfg.micro_batch_tokens) for r in range(world_size)]
-        total_tokens = float(sum(len(s.response) for r in range(world_size) for s in per_rank[r][m]))
+        total_tokens = float(sum(s.num_trained_tokens for r in range(world_size) for s in per_rank[r][m]))
         total_seqs = float(sum(len(per_rank[r][m]) for r in range(world_size)))
         count = max(len(b) for b in bins)
         mbs = [build_micro_batch(b) for b in bins[rank]] + [filler_micro_batch() for _ in range(count - len(bins[rank]))]
         for mb in mbs:
-            mb.agg_weights = losses.aggregation_weights(
-                mb.seq_lens, cfg.resolved_loss_agg, total_tokens, total_seqs, constant) * mb.mask
+            mb.agg_weights = losses.aggregation_weights(mb.seq_lens, cfg.resolved_loss_agg, total_tokens, total_seqs,
+                                                        constant, _trained_lens(mb, seqs)) * mb.mask
         if count:
             minis.append(mbs)
     return PreparedBatch(mini_batches=minis, seqs=seqs, metrics=metrics)
+
+
+def _trained_lens(mb: MicroBatch, seqs: list[SeqRecord]) -> torch.Tensor | None:
+    """[s] the policy's tokens per sequence of `mb` (None: every token, no sample has a loss_mask)."""
+    mine = [seqs[i] for i in mb.seq_index if i >= 0]
+    if all(s.loss_mask is None for s in mine):
+        return None
+    return torch.tensor([seqs[i].num_trained_tokens if i >= 0 else 1 for i in mb.seq_index], dtype=torch.int64)
 
 
 def check_finite(seqs: list[SeqRecord]) -> None:
@@ -143,9 +153,11 @@ def split_groups(seqs: list[SeqRecord], world_size: int, mini_batches: int) -> l
 
 
 def staleness_metrics(seqs: list[SeqRecord], version: int) -> dict[str, float]:
-    if not seqs:
+    """How far the policy's tokens lag `version` (environment tokens were not sampled from it)."""
+    v = np.concatenate([np.zeros(0, np.int64)] + [s.versions if s.loss_mask is None else s.versions[s.loss_mask == 1]
+                                                   for s in seqs]).astype(np.int64)  # [trained tokens]
+    if not len(v):
         return {"staleness_mean": 0.0, "staleness_max": 0.0, "tokens": 0.0}
-    v = np.concatenate([s.versions for s in seqs]).astype(np.int64)
     lag = version - v
     return {"staleness_mean": float(lag.mean()), "staleness_max": float(lag.max()), "tokens": float(len(v))}
 

@@ -1,7 +1,8 @@
 """Per-step training statistics, accumulated on the device (no host sync inside the micro-batch loop) and
 reduced over learner ranks once at the end of the step.
 
-Sums are over response tokens (mask > 0) unless named otherwise; the loss terms are per mini-batch values
+Sums are over trained response tokens (MicroBatch.mask > 0: neither a multi-turn sample's environment
+tokens nor a filler's) unless named otherwise; the loss terms are per mini-batch values
 (each already carries its global normaliser). `behav_prox_logp_absdiff` is |proximal - behaviour| logprob,
 the training-inference mismatch of the run: mean over tokens and p99 (each rank's p99, the largest over
 ranks).
@@ -27,7 +28,7 @@ class StepStats:
         self.device = device
         self.sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros((), device=device))
         self.maxes: dict[str, Tensor] = defaultdict(lambda: torch.full((), -torch.inf, device=device))
-        self.absdiff: list[Tensor] = []  # [n_i] per micro-batch, NaN at filler tokens
+        self.absdiff: list[Tensor] = []  # [n_i] per micro-batch, NaN at untrained (environment, filler) tokens
 
     def add_terms(self, terms: dict[str, Tensor]) -> None:
         """Loss terms of one micro-batch (scalars with grad; detached here)."""
@@ -47,7 +48,7 @@ class StepStats:
         s["is_dropped"] += (mb.is_dropped.float() * m).sum()
         diff = (mb.old_logp - mb.behav_logp).abs()  # [n]
         s["behav_prox_absdiff"] += (diff * m).sum()
-        self.absdiff.append(torch.where(m > 0, diff, torch.nan))  # NaN for filler: a boolean index would sync
+        self.absdiff.append(torch.where(m > 0, diff, torch.nan))  # NaN when untrained: a boolean index would sync
         self._max("adv_max", mb.advantages, m)
         self._max("adv_neg_min", -mb.advantages, m)
         self._max("is_weight_max", mb.is_weights, m)

@@ -40,7 +40,8 @@ class ScoreDispatch:
             sample = g.samples[key[1]]
             assert sample is not None, f"{key} is generated without its sample"
             items.append(ToScoreItem(prompt_id=key[0], sample_index=key[1], response_text=sample.response_text,
-                                     reward=g.prompt.reward))
+                                     reward=g.prompt.reward, finish_reason=sample.finish_reason,
+                                     env_reward=sample.env_reward, env_error=sample.env_error))
             self.out.append((now + self.ttl_s, key))
         return items
 

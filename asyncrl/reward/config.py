@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("exact_match", "regex", "math", "task", "python", "http", "classifier", "reasoning_gym")
+KINDS = ("exact_match", "regex", "math", "task", "python", "http", "classifier", "reasoning_gym", "environment")
 # Options each kind cannot do without; the rest have defaults (see the kind's class in asyncrl.reward).
 _REQUIRED_OPTIONS = {"regex": ("pattern",), "python": ("function",), "http": ("url",), "classifier": ("model",)}
 
@@ -14,8 +14,8 @@ _REQUIRED_OPTIONS = {"regex": ("pattern",), "python": ("function",), "http": ("u
 @dataclass(kw_only=True, slots=True)
 class RewardComponentConfig:
     kind: str
-    """exact_match | regex | math | task | python | http | classifier | reasoning_gym (what each trusts:
-    docs/rewards.md)"""
+    """exact_match | regex | math | task | python | http | classifier | reasoning_gym | environment (the
+    multi-turn environment's own episode reward; what each trusts: docs/rewards.md)"""
     weight: float = 1.0
     """Weight of this component in the total reward."""
     name: str = ""

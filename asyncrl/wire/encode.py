@@ -17,7 +17,7 @@ import numpy as np
 from asyncrl import records as R
 from asyncrl.wire.arrays import pack_array
 from asyncrl.wire.envelope import wire_name
-from asyncrl.wire.sample import PackedSample
+from asyncrl.wire.sample import PackedSample, sample_body
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # record class -> field names (encode hot path)
 _SPLICE_MESSAGES = (R.Batch, R.Completion)  # what the hub sends with stored samples inside
@@ -40,6 +40,8 @@ def _default(obj: Any) -> Any:
         return pack_array(obj)
     if type(obj) is PackedSample:  # outside a splicing message: correct, not fast
         return _default(obj.unpack())
+    if type(obj) is R.Sample:  # the multi-turn fields only when set: single-turn bytes stay as they were
+        return sample_body(obj)
     names = _FIELD_NAMES.get(type(obj))
     if names is not None:
         return {n: getattr(obj, n) for n in names}

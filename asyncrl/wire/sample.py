@@ -5,12 +5,18 @@
 `decode_packed` and keeps each sample as a `PackedSample`, its exact msgpack bytes plus the few fields
 the hub reads, validated as fully as `decode` does. `asyncrl.wire.encode` splices those bytes into
 the frames that carry them (Batch, Completion): never decoded or encoded again. Reward workers get only
-the response text (`PackedSample.response_text`, read from the bytes without building the arrays).
+what scoring reads (`PackedSample.response_text`, `finish_reason`, `env_reward`, `env_error`, read from the
+bytes without building the arrays).
+
+The multi-turn fields (`EPISODE_FIELDS`: loss_mask, turn_rewards, env_reward, env_error, rollout) travel
+only when they differ from their defaults, so a single-turn Sample's bytes are what they were before
+those fields existed, and a frame without them (an old journal) decodes to the defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import msgpack
@@ -24,6 +30,12 @@ from asyncrl.wire.frames import unpackb
 _FIELDS = frozenset(f.name for f in dataclasses.fields(R.Sample))
 _FINISH = {e.value: e for e in R.FinishReason}
 _TIMINGS = dict_of(scalar(str), scalar(float))
+_FLOAT = scalar(float)
+# Multi-turn fields and the defaults they are left out at (records.Sample's defaults).
+EPISODE_FIELDS: dict[str, Any] = {"loss_mask": None, "turn_rewards": None, "env_reward": None, "env_error": "",
+                                  "rollout": {}}
+_BASE_FIELDS = tuple(f.name for f in dataclasses.fields(R.Sample) if f.name not in EPISODE_FIELDS)
+MAX_ENV_ERROR_CHARS = 2048  # longest env_error a peer may send (the generator clips its reasons below this)
 
 
 @dataclasses.dataclass(slots=True)
@@ -44,13 +56,42 @@ class PackedSample:
     @property
     def response_text(self) -> str:
         """The sample's response text, read from `raw` (validated on arrival) skipping every other value."""
+        return self._scalar("response_text", "")
+
+    @property
+    def finish_reason(self) -> R.FinishReason:
+        return _FINISH[self._scalar("finish_reason", "")]
+
+    @property
+    def env_reward(self) -> float | None:
+        """The environment's episode reward (None: no environment, or it gave none)."""
+        value = self._scalar("env_reward", None)
+        return None if value is None else float(value)
+
+    @property
+    def env_error(self) -> str:
+        """Why the environment failed the episode ("": it did not)."""
+        return self._scalar("env_error", "")
+
+    def _scalar(self, name: str, default: Any) -> Any:
+        """The value of key `name` in `raw`, skipping every other value unbuilt; `default` when absent."""
         u = msgpack.Unpacker(raw=False)
         u.feed(self.raw)
         for _ in range(u.read_map_header()):
-            if u.unpack() == "response_text":
+            if u.unpack() == name:
                 return u.unpack()
             u.skip()
-        return ""
+        return default
+
+
+def sample_body(s: R.Sample) -> dict[str, Any]:
+    """A Sample -> the map that encodes it: every base field, the multi-turn fields only when set."""
+    body = {n: getattr(s, n) for n in _BASE_FIELDS}
+    for name, default in EPISODE_FIELDS.items():
+        value = getattr(s, name)
+        if value is not None and (default is None or value != default):
+            body[name] = value
+    return body
 
 
 def check_sample(v: Any, where: Where) -> R.Sample:
@@ -58,12 +99,14 @@ def check_sample(v: Any, where: Where) -> R.Sample:
     pid, idx, finish, prompt, resp, logp, vers, text, timings, gen = _parts(v, where)
     return R.Sample(prompt_id=pid, sample_index=idx, finish_reason=finish, prompt_token_ids=as_numpy(prompt, I4),
                     response_token_ids=as_numpy(resp, I4), logprobs=as_numpy(logp, F4),
-                    versions=as_numpy(vers, I4), response_text=text, timings=timings, generator=gen)
+                    versions=as_numpy(vers, I4), response_text=text, timings=timings, generator=gen,
+                    **_episode(v, finish, resp[1], where))
 
 
 def pack_sample(v: Any, raw: memoryview, where: Where) -> PackedSample:
     """One unpacked Sample map and its bytes `raw` -> a PackedSample, checked as `check_sample` checks."""
-    pid, idx, _, _, _, logp, vers, _, _, _ = _parts(v, where)
+    pid, idx, finish, _, resp, logp, vers, _, _, _ = _parts(v, where)
+    _episode(v, finish, resp[1], where)
     n = vers[1]
     oldest = int(as_numpy(vers, I4).min()) if n else None
     finite = bool(np.isfinite(as_numpy(logp, F4)).all()) if n else True
@@ -71,9 +114,9 @@ def pack_sample(v: Any, raw: memoryview, where: Where) -> PackedSample:
 
 
 def _parts(v: Any, where: Where) -> tuple[Any, ...]:
-    """Validate one Sample map. Returns (prompt_id, sample_index, finish_reason, prompt_token_ids,
-    response_token_ids, logprobs, versions, response_text, timings, generator), each array as
-    (payload bytes, length)."""
+    """Validate one Sample map's base fields. Returns (prompt_id, sample_index, finish_reason,
+    prompt_token_ids, response_token_ids, logprobs, versions, response_text, timings, generator), each
+    array as (payload bytes, length)."""
     if type(v) is not dict:
         raise fail(where, "Sample", v)
     if not v.keys() <= _FIELDS:
@@ -100,6 +143,71 @@ def _parts(v: Any, where: Where) -> tuple[Any, ...]:
     if idx < 0:
         raise WireError(f"{path(where)}: sample_index {idx} < 0")
     return pid, idx, finish, prompt, resp, logp, vers, text, timings, gen
+
+
+def _episode(v: dict, finish: R.FinishReason, n: int, where: Where) -> dict[str, Any]:
+    """The multi-turn fields present in Sample map `v` (n: response length), checked -> Sample kwargs."""
+    out: dict[str, Any] = {}  # an explicit null is an absent optional field
+    mask = None if v.get("loss_mask") is None else _loss_mask(v["loss_mask"], n, (where, "loss_mask"))
+    if mask is not None:
+        out["loss_mask"] = mask
+    if v.get("turn_rewards") is not None:
+        out["turn_rewards"] = _turn_rewards(v["turn_rewards"], _turns(mask, n), (where, "turn_rewards"))
+    if v.get("env_reward") is not None:
+        out["env_reward"] = _env_reward(v["env_reward"], (where, "env_reward"))
+    error = v.get("env_error", "")
+    _check_env_error(error, finish, (where, "env_error"))
+    out["env_error"] = error
+    if "rollout" in v:
+        out["rollout"] = _TIMINGS(v["rollout"], (where, "rollout"))
+    return out
+
+
+def _loss_mask(x: Any, n: int, where: Where) -> np.ndarray:
+    """[n] int32 of 0 (environment token) and 1 (the policy's)."""
+    mask = as_numpy(vector(x, I4, where), I4)
+    if len(mask) != n:
+        raise WireError(f"{path(where)}: {len(mask)} entries for a response of {n} tokens")
+    bad = np.flatnonzero((mask != 0) & (mask != 1))
+    if len(bad):
+        raise WireError(f"{path(where)}: values must be 0 or 1, got {int(mask[bad[0]])} at index {int(bad[0])}")
+    return mask
+
+
+def _turns(mask: np.ndarray | None, n: int) -> int:
+    """Model turns of a response: maximal runs of loss_mask == 1 (no mask: the whole response, if any)."""
+    if mask is None:
+        return int(n > 0)
+    return int(mask[0] == 1) + int(np.count_nonzero(np.diff(mask) == 1)) if n else 0
+
+
+def _turn_rewards(x: Any, turns: int, where: Where) -> np.ndarray:
+    """[k] finite float32, k <= turns (one reward after each model turn at most)."""
+    rewards = as_numpy(vector(x, F4, where), F4)
+    if len(rewards) > turns:
+        raise WireError(f"{path(where)}: {len(rewards)} rewards but the response has {turns} model turns "
+                        "(runs of loss_mask == 1)")
+    if not np.isfinite(rewards).all():
+        raise WireError(f"{path(where)}: non-finite reward at index {int(np.flatnonzero(~np.isfinite(rewards))[0])}")
+    return rewards
+
+
+def _env_reward(x: Any, where: Where) -> float:
+    value = _FLOAT(x, where)
+    if not math.isfinite(value):
+        raise WireError(f"{path(where)}: {value} is not finite")
+    return value
+
+
+def _check_env_error(error: Any, finish: R.FinishReason, where: Where) -> None:
+    """A str of at most MAX_ENV_ERROR_CHARS; a reason only on a failed episode (finish_reason env_error)."""
+    if type(error) is not str:
+        raise fail(where, "str", error)
+    if len(error) > MAX_ENV_ERROR_CHARS:
+        raise WireError(f"{path(where)}: {len(error)} characters, more than {MAX_ENV_ERROR_CHARS}")
+    if error and finish is not R.FinishReason.ENV_ERROR:
+        raise WireError(f"{path(where)}: {error[:40]!r} on a sample with finish_reason {finish.value!r}; an "
+                        "environment's failure reason needs finish_reason 'env_error'")
 
 
 def _need(v: dict, name: str, where: Where) -> Any:

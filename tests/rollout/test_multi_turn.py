@@ -133,7 +133,7 @@ def test_episode_tokens_are_exactly_what_the_engine_sampled_and_the_environment_
 
 
 def test_max_turns_ends_the_episode_with_length():
-    samples, _, _ = run(Never, n=1, max_turns=3)
+    samples, _, _ = run(Never, n=1, max_turns=3, max_total_tokens=20)
     (s,) = samples
     assert s.rollout["turns"] == 3 and s.finish_reason == R.FinishReason.LENGTH
     assert int(s.loss_mask.sum()) == 9 and len(s.response_token_ids) == 9 + 2 * 2
@@ -206,4 +206,4 @@ class Builds:
 
 def test_an_environment_that_cannot_be_built_fails_its_episodes():
     samples, _, _ = run(Builds, n=2)
-    assert all("unexpected option" in s.env_error for s in samples)
+    assert all("building the environment raised TypeError" in s.env_error for s in samples)
