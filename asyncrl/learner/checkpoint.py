@@ -1,6 +1,11 @@
 """Atomic learner checkpoints: model, optimizer, scheduler, RNG states, step, policy version and an
 opaque `extra` dict (the hub's commit point, data cursor).
 
+Only trained parameters are saved: frozen ones (requires_grad False: with LoRA the whole base, see lora.py)
+are the model folder's own and are left out of model.pt, so a LoRA checkpoint holds the adapters and their
+optimizer state alone (+ scheduler, RNG, step, version, extra). Loading checks that model.pt holds exactly
+the model's trained parameters.
+
 Layout: <run_dir>/checkpoints/step-00000042/{model.pt, optimizer.pt, scheduler.pt, rng-rank<r>.pt,
 meta.json}. A checkpoint is written under `.tmp-step-...`, every file fsynced, meta.json written last,
 then the folder is renamed into place and the parent fsynced; a crash leaves only a `.tmp-*` folder,
@@ -112,7 +117,8 @@ class CheckpointWriter:
         fsdp.barrier()
         _write(tmp / f"rng-rank{info.rank}.pt", rng_state())
         multi = info.sharded and info.world_size > 1  # then rank 0 gets fresh CPU copies (cpu_offload)
-        msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=multi))
+        msd, osd = get_state_dict(model, optimizer, options=_options(cpu_offload=multi))
+        msd = _trained_only(msd, _frozen_names(model))
         fsdp.barrier()
         if info.rank == 0:
             state = self._stage({"model.pt": msd, "optimizer.pt": osd, "scheduler.pt": scheduler.state_dict()},
@@ -158,7 +164,8 @@ class CheckpointWriter:
         info = fsdp.dist_info()
         if info.device.type != "cuda" or info.world_size > 1:
             return
-        msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+        msd, osd = get_state_dict(model, optimizer, options=_options())
+        msd = _trained_only(msd, _frozen_names(model))
         _map_tensors({"model.pt": msd, "optimizer.pt": osd}, "", self._buffer)
 
     def _stage(self, obj: Any, clone: bool) -> Any:
@@ -208,11 +215,14 @@ def load_checkpoint(path: str | Path, *, model: nn.Module, optimizer: torch.opti
     if info.rank == 0 or not info.sharded:
         msd = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
         osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        _check_trained_keys(path, model, msd)
     else:
         msd, osd = {}, {}
     # Model then optimizer, in separate calls: set_state_dict() treats an empty (non-zero rank) model
-    # dict as "optimizer only" and the ranks' collectives then diverge.
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=info.sharded)
+    # dict as "optimizer only" and the ranks' collectives then diverge. Frozen parameters are not in the
+    # file: not strict then (they keep the values the model was built with).
+    frozen = any(not p.requires_grad for p in model.parameters())
+    options = _options(broadcast_from_rank0=info.sharded, strict=not frozen)
     set_model_state_dict(model, msd, options=options)
     set_optimizer_state_dict(model, optimizer, osd, options=options)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
@@ -220,6 +230,33 @@ def load_checkpoint(path: str | Path, *, model: nn.Module, optimizer: torch.opti
     if rng.is_file():
         set_rng_state(torch.load(rng, weights_only=True))
     return meta
+
+
+def _options(**kwargs: Any) -> StateDictOptions:
+    """Whole (unsharded) state dicts of the trained parameters only."""
+    return StateDictOptions(full_state_dict=True, ignore_frozen_params=True, **kwargs)
+
+
+def _frozen_names(model: nn.Module) -> set[str]:
+    """Every name of a frozen parameter, tied aliases too (ignore_frozen_params drops one name per tensor)."""
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def _trained_only(msd: dict[str, Any], frozen: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in msd.items() if k not in frozen} if frozen else msd
+
+
+def _check_trained_keys(path: Path, model: nn.Module, msd: dict[str, Any]) -> None:
+    """model.pt holds every trained parameter of `model` and no other parameter (e.g. not one written with
+    other LoRA settings)."""
+    named = dict(model.named_parameters(remove_duplicate=False))
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    known = {n for n, p in named.items() if p.requires_grad} | {n for n, _ in model.named_buffers()}
+    missing, extra = sorted(trained - msd.keys()), sorted(msd.keys() - known)
+    if missing or extra:
+        raise ValueError(f"{path}: its model.pt does not match this learner's trained parameters ({len(missing)} "
+                         f"missing, e.g. {missing[:1]}; {len(extra)} unexpected, e.g. {extra[:1]}); was it written "
+                         "with other learner.lora_* settings? Resume with the run's own config")
 
 
 def _map_tensors(obj: Any, key: str, fn: Any) -> Any:

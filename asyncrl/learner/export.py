@@ -8,7 +8,12 @@ tied weights, checkpoint names and shard layout are transformers', as any `from_
 The tokenizer and generation files of the source folder are then copied in when present. The folder is
 written under a temporary name and renamed into place.
 
-Weights are written in the source config's dtype (fp32 if it names none). Only `save_pretrained`'s
+With LoRA (`adapter`) the folder holds the merged weights, and its `adapter/` subfolder the adapters alone
+in PEFT's layout (adapter_config.json, adapter_model.safetensors with keys
+"base_model.model.<module>.lora_A.weight"), which `peft.PeftModel.from_pretrained(base, folder)` loads onto
+the source model; both are written inside the temporary folder, so the rename publishes them together.
+
+Weights are written in the source config's dtype (fp32 if it names none); adapters in fp32. Only `save_pretrained`'s
 `state_dict` and `max_shard_size` arguments are used (present in every transformers 5 release).
 """
 
@@ -19,6 +24,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +40,19 @@ SIDE_FILES = (
 )
 
 
+ADAPTER_DIR = "adapter"
+
+
+@dataclass(frozen=True, slots=True)
+class PeftAdapter:
+    tensors: dict[str, Tensor]  # PEFT key -> fp32 tensor (lora.peft_state_dict)
+    config: dict[str, Any]  # adapter_config.json (lora.peft_config)
+
+
 def export_hf(named_tensors: Iterable[tuple[str, Tensor]], config: Any, src_path: str | Path, out_dir: str | Path,
-              *, write: bool = True, max_shard_bytes: int = 5 * 2**30) -> Path:
-    """Consume `named_tensors` (on every rank: it may be a collective) and, where `write`, write the folder."""
+              *, write: bool = True, max_shard_bytes: int = 5 * 2**30, adapter: PeftAdapter | None = None) -> Path:
+    """Consume `named_tensors` (on every rank: it may be a collective) and, where `write`, write the folder
+    (and, with `adapter`, its adapter/ subfolder)."""
     out_dir = Path(out_dir)
     src = Path(src_path)
     dtype = _source_dtype(src)
@@ -53,10 +69,22 @@ def export_hf(named_tensors: Iterable[tuple[str, Tensor]], config: Any, src_path
     for name in SIDE_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, tmp / name)
+    if adapter is not None:
+        write_adapter(adapter, tmp / ADAPTER_DIR)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.rename(tmp, out_dir)
     return out_dir
+
+
+def write_adapter(adapter: PeftAdapter, folder: Path) -> None:
+    """A PEFT adapter folder: adapter_config.json and adapter_model.safetensors."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps(adapter.config, indent=1))
+    tensors = {k: t.detach().to("cpu", torch.float32).contiguous() for k, t in adapter.tensors.items()}
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
 def _skeleton(config: Any, dtype: torch.dtype) -> Any:

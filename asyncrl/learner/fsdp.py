@@ -104,20 +104,22 @@ class ComputeCopy:
     With one rank nothing needs freeing: `shard` sets no reshard after forward and `accumulating` none after
     backward, so the copy FSDP made at the first forward stays, and `refresh` brings it to the updated masters.
     A state-dict call (checkpoint, reserve) makes FSDP reshard and free the copy; until the next forward
-    unshards again the usual way, `refresh` has nothing to do. Several ranks: a no-op (FSDP re-gathers)."""
+    unshards again the usual way, `refresh` has nothing to do. Several ranks: a no-op (FSDP re-gathers).
+    Frozen parameters (LoRA's base) never change, so only the trained ones are refreshed."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         sharded = dist.is_available() and dist.is_initialized()
         self.enabled = sharded and dist.get_world_size() == 1
         # name -> the fp32 master's local tensor (the whole tensor on one rank; updated in place by the optimizer)
-        self.masters = {name: local_tensor(p).detach() for name, p in model.named_parameters()} if self.enabled else {}
+        self.masters = {name: local_tensor(p).detach() for name, p in model.named_parameters()
+                        if p.requires_grad} if self.enabled else {}
 
     @torch.no_grad()
     def refresh(self) -> None:
         if not self.enabled:
             return
-        current = list(self.model.named_parameters())
+        current = [(name, p) for name, p in self.model.named_parameters() if name in self.masters]
         if not current or hasattr(current[0][1], "device_mesh"):
             return  # resharded (DTensor parameters): FSDP's next unshard casts the masters itself
         dst = [p.detach() for _, p in current]

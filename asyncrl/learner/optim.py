@@ -14,17 +14,18 @@ from asyncrl.learner.loss_scale import LossScale
 
 
 def build_optimizer(params: Iterable[nn.Parameter], cfg: LearnerConfig) -> torch.optim.AdamW:
-    """AdamW over the fp32 master parameters; the fused (one kernel per step) implementation on CUDA."""
+    """AdamW over the trained fp32 master parameters (with LoRA: the adapters, plus a value head; the frozen
+    base has requires_grad False and gets no state); the fused (one kernel per step) implementation on CUDA."""
     trainable = [p for p in params if p.requires_grad]
     fused = bool(trainable) and all(p.is_cuda for p in trainable)
     return torch.optim.AdamW(
-        trainable, lr=cfg.lr, betas=(cfg.adam_betas[0], cfg.adam_betas[1]), eps=cfg.adam_eps,
+        trainable, lr=cfg.resolved_lr, betas=(cfg.adam_betas[0], cfg.adam_betas[1]), eps=cfg.adam_eps,
         weight_decay=cfg.weight_decay, fused=fused or None,
     )
 
 
 def lr_factor(step: int, cfg: LearnerConfig) -> float:
-    """Multiplier of cfg.lr for the update after `step` completed scheduler steps (0-based)."""
+    """Multiplier of cfg.resolved_lr for the update after `step` completed scheduler steps (0-based)."""
     if step < cfg.warmup_steps:
         return (step + 1) / (cfg.warmup_steps + 1)
     if cfg.lr_schedule == "constant":

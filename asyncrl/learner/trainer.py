@@ -18,7 +18,8 @@ because FSDP averages gradients over ranks: the update equals the single-process
 Compute runs in bf16 on GPU through FSDP2's mixed precision (a lone process joins a one-rank group; in fp16
 with dynamic loss scaling, loss_scale.py, when model.dtype = "float16"),
 attention is variable-length over the pack (attention.py) and the lm_head is fused with the logprob
-(linear_logprob.py).
+(linear_logprob.py). With `lora_rank > 0` (lora.py) the base is frozen in the compute dtype and only the
+adapters are optimised and checkpointed; the weight push gets the merged weights under the base's names.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from asyncrl.learner import advantages as adv
 from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner import export as exp
-from asyncrl.learner import fsdp, lean_attention, losses, optim, residual_stream
+from asyncrl.learner import fsdp, lean_attention, lora, losses, optim, residual_stream
 from asyncrl.learner.batch_tensors import MicroBatch, to_device
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.loss_scale import LossScale
@@ -72,6 +73,7 @@ class Trainer:
         self.dist = fsdp.dist_info(device)
         self.attn = attention.resolve(cfg.attn_implementation, device)
         torch.manual_seed(seed)
+        self.lora: dict[str, lora.LoraLinear] = {}  # module path -> adapter module (lora_rank > 0)
         self.policy = self._build(model_path, cfg.needs_value_head, trainable=True)
         self.policy.train()  # every module (from_pretrained leaves the HF model in eval); _update keeps it so
         self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 else None
@@ -89,6 +91,9 @@ class Trainer:
 
     def _build(self, path: str, value_head: bool, trainable: bool) -> PolicyModel:
         hf = load_hf(path, self.attn)
+        if trainable and self.cfg.lora_rank:
+            self.lora = lora.apply(hf, self.cfg.lora_targets, self.cfg.lora_rank, self.cfg.lora_alpha,
+                                   self.cfg.lora_dropout)
         if self.attn == attention.NAME:  # token-major attention forward for packed rows (same parameters)
             lean_attention.install(hf)
         if self.residual_fp32:
@@ -100,6 +105,8 @@ class Trainer:
                 layer.compile(dynamic=True)
         model = PolicyModel(hf, value_head, self.cfg.logprob_chunk_tokens, self.logits_fp32).to(self.dist.device)
         model.requires_grad_(trainable)
+        if trainable and self.lora:  # before sharding: FSDP2 reads requires_grad and dtypes when it wraps
+            lora.freeze_base(hf, self.dtype)
         if self.dist.sharded:
             fsdp.shard(model, hf, self.dtype, self.dist.device)
         return model
@@ -193,16 +200,19 @@ class Trainer:
                 seq_parts.append((mb, start, length, index))
                 start += length
         real = [p for p in seq_parts if p[3] >= 0]
-        width = max((p[2] for p in real), default=1)
+        # each sequence's trained tokens (loss_mask 1) in order, as one row: environment tokens are skipped
+        host_mask = {id(mb): mb.mask.cpu() for mb, *_ in real}  # one copy per micro-batch
+        trained = [s + torch.nonzero(host_mask[id(mb)][s:s + n] > 0).squeeze(-1) for mb, s, n, _ in real]  # [n_i]
+        width = max((len(t) for t in trained), default=1)
         mask = torch.zeros(len(real), width)  # [B, L]
         kl = torch.zeros(len(real), width)
         values = torch.zeros(len(real), width)
-        for i, (mb, s, n, _) in enumerate(real):
-            mask[i, :n] = 1.0
+        for i, ((mb, s, n, _), t) in enumerate(zip(real, trained)):
+            mask[i, :len(t)] = 1.0
             if self.cfg.kl_in_reward and mb.ref_logp is not None:
-                kl[i, :n] = losses.kl_k1(mb.old_logp[s:s + n], mb.ref_logp[s:s + n]).cpu()
+                kl[i, :len(t)] = losses.kl_k1(mb.old_logp[t], mb.ref_logp[t]).cpu()
             if mb.old_values is not None:
-                values[i, :n] = mb.old_values[s:s + n].float().cpu()
+                values[i, :len(t)] = mb.old_values[t].float().cpu()
         rewards = torch.tensor([prep.seqs[p[3]].reward for p in real], dtype=torch.float32)
         token_rewards = adv.outcome_token_rewards(rewards, mask, kl if self.cfg.kl_in_reward else None, self.cfg.kl_coef)
         fn = adv.TOKEN_ADVANTAGES[self.cfg.algorithm]
@@ -210,9 +220,9 @@ class Trainer:
         for mb in {id(p[0]): p[0] for p in seq_parts}.values():
             mb.advantages = torch.zeros_like(mb.behav_logp)
             mb.returns = torch.zeros_like(mb.behav_logp)
-        for i, (mb, s, n, _) in enumerate(real):
-            mb.advantages[s:s + n] = a[i, :n].to(mb.advantages.device)
-            mb.returns[s:s + n] = ret[i, :n].to(mb.returns.device)
+        for i, ((mb, s, n, _), t) in enumerate(zip(real, trained)):
+            mb.advantages[t.to(mb.advantages.device)] = a[i, :len(t)].to(mb.advantages.device)
+            mb.returns[t.to(mb.returns.device)] = ret[i, :len(t)].to(mb.returns.device)
 
     def _update(self, prep: PreparedBatch, stats: StepStats) -> list[Tensor]:
         """Forward + backward of every micro-batch, one optimizer step per mini-batch. Returns the grad norms
@@ -243,7 +253,7 @@ class Trainer:
         if mb.old_logp is None:  # proximal = these weights (one mini-batch): this forward's own logprobs
             mb.old_logp = logp.detach()
             self._set_importance(mb)
-        pg, clipped = losses.policy_loss(logp, mb.old_logp, mb.advantages, mb.seq_lens, cfg)
+        pg, clipped = losses.policy_loss(logp, mb.old_logp, mb.advantages, mb.seq_lens, cfg, mb.mask)
         token_loss = mb.is_weights * pg  # [n]
         terms = {"pg_loss": losses.aggregate(token_loss, mb.agg_weights)}
         if self.ref is not None:
@@ -266,10 +276,16 @@ class Trainer:
     # ------------------------------------------------------------------ weights, checkpoints, export
 
     def named_full_tensors(self) -> Iterator[tuple[str, Tensor]]:
-        """(Hugging Face name, full fp32 tensor) of every policy parameter, in a fixed order. Every rank
-        must iterate it (DTensor.full_tensor() is a collective); tied weights appear once."""
-        for name, p in self.masters:
-            yield name, fsdp.full_tensor(p.detach())
+        """(Hugging Face name, full tensor) of every policy parameter, in a fixed order: the weight push, the
+        rescorer and the export read it. Every rank must iterate it (DTensor.full_tensor() is a collective);
+        tied weights appear once. fp32 masters; with LoRA the merged weights (fp32, W + scale * B @ A from
+        the frozen base, fresh each call) under the base's names, the rest of the base in the compute dtype."""
+        full = ((name, fsdp.full_tensor(p.detach())) for name, p in self.masters)
+        return lora.merged_tensors(full, self.lora) if self.lora else full
+
+    def adapter_tensors(self) -> dict[str, Tensor]:
+        """LoRA: {"<HF module path>.lora_A" / ".lora_B": full fp32 tensor on the host} (collective)."""
+        return {name: fsdp.full_tensor(p.detach()).cpu() for name, p in self.masters if lora.is_adapter(name)}
 
     def save_checkpoint(self, run_dir: str | Path, extra: dict[str, Any] | None = None,
                         background: bool = False) -> Path | None:
@@ -298,9 +314,16 @@ class Trainer:
         return extra
 
     def export(self, out_dir: str | Path) -> Path:
-        """Plain Hugging Face folder of the current policy (collective; rank 0 writes)."""
+        """Plain Hugging Face folder of the current policy (collective; rank 0 writes). With LoRA it holds the
+        merged weights, and <out_dir>/adapter the adapters alone in PEFT's layout."""
+        adapter = None
+        if self.lora:
+            cfg = self.cfg
+            config = lora.peft_config(cfg.lora_targets, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
+                                      self.model_path)
+            adapter = exp.PeftAdapter(lora.peft_state_dict(self.adapter_tensors()), config)
         return exp.export_hf(self.named_full_tensors(), self.policy.hf.config, self.model_path, out_dir,
-                             write=self.dist.rank == 0)
+                             write=self.dist.rank == 0, adapter=adapter)
 
 
 def _largest_norm(grad_norms: list[Tensor], loss_scaled: bool) -> float:
