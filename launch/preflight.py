@@ -19,9 +19,23 @@ from launch.task_check import check_task_source
 
 def preflight(cfg: RunConfig) -> None:
     check_model(cfg.model.path)
+    check_lora_targets(cfg)
     check_task_files(cfg)
     check_task_source(cfg, cfg.eval.heldout_count())  # the feeder builds it only after the hub is up
     check_environment(cfg)
+
+
+def check_lora_targets(cfg: RunConfig) -> None:
+    """learner.lora_targets name linear layers the model has (read from its config.json, no weights)."""
+    if cfg.learner.lora_rank <= 0:
+        return
+    from asyncrl.config.model import resolve_model_path
+    from asyncrl.learner.lora import check_targets
+
+    try:
+        check_targets(resolve_model_path(cfg.model), cfg.learner.lora_targets)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_environment(cfg: RunConfig) -> None:

@@ -54,6 +54,19 @@ def test_missing_task_file_names_task_path(capsys, tmp_path):
     assert "task.path=" in err and "does not exist" in err
 
 
+@pytest.mark.parametrize("sets, words", [
+    (["generator.rollout.environment=nosuch.envs:Calc"], ["generator.rollout.environment=", "cannot import"]),
+    (["generator.rollout.environment=asyncrl.rollout.envs.tool_use:Nope"], ["has no callable 'Nope'"]),
+    (["generator.rollout.environment=calculator"], ["'module:ClassName'"]),
+    (["reward.components=[{kind = \"environment\"}]"], ["kind 'environment'", "generator.rollout.environment"]),
+    (["learner.lora_rank=4", 'learner.lora_targets=["q_proj", "qkv"]'], ["learner.lora_targets", "'qkv'"]),
+])
+def test_rollout_and_lora_mistakes_are_one_line_before_anything_starts(capsys, tmp_path, sets, words):
+    err = one_line_error(capsys, [x for kv in sets for x in ("--set", kv)] + ["--run-dir", str(tmp_path / "r")])
+    assert all(w in err for w in words), err
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a GPU config on a host without GPUs")
 def test_gpu_config_on_a_cpu_host_is_one_line(capsys, tmp_path):
     err = one_line_error(capsys, [str(ROOT / "configs" / "gpu-1.toml"), "--run-dir", str(tmp_path / "r")])

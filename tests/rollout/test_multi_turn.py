@@ -207,3 +207,27 @@ class Builds:
 def test_an_environment_that_cannot_be_built_fails_its_episodes():
     samples, _, _ = run(Builds, n=2)
     assert all("building the environment raised TypeError" in s.env_error for s in samples)
+
+
+def test_the_learner_trains_on_exactly_the_sampled_and_appended_ids():
+    """Worker -> the wire (as the hub forwards it, spliced bytes) -> the learner's packed micro-batch."""
+    from asyncrl import wire
+    from asyncrl.learner.batch_tensors import build_micro_batch, flatten_batch
+
+    samples, engine, _ = run(Twice, n=2)
+    packed = wire.decode_packed(wire.encode(R.SampleBatch(lease_id="L", samples=samples))).samples
+    prompt = R.Prompt(prompt_id="p0", n=2, token_ids=samples[0].prompt_token_ids)
+    batch = R.Batch(step=1, policy_version=1, groups=[R.Group(prompt=prompt, samples=[
+        R.ScoredSample(sample=p.unpack(), reward=1.0) for p in packed])])
+    batch = wire.decode(wire.encode(batch))
+    seqs, skipped = flatten_batch(batch)
+    mb = build_micro_batch(seqs)
+    assert skipped == 0
+    for s, seq in zip(samples, seqs):
+        assert np.array_equal(seq.response, s.response_token_ids) and np.array_equal(seq.prompt, s.prompt_token_ids)
+    want = np.concatenate([x for s in samples for x in (s.prompt_token_ids, s.response_token_ids[:-1])])
+    assert np.array_equal(mb.input_ids[0].numpy(), want)  # bit for bit what the engine saw and sampled
+    assert np.array_equal(mb.targets.numpy(), np.concatenate([s.response_token_ids for s in samples]))
+    assert np.array_equal(mb.mask.numpy(), np.concatenate([s.loss_mask for s in samples]).astype(np.float32))
+    sampled = np.concatenate([o.token_ids for o in engine.outputs])
+    assert sorted(mb.targets.numpy()[mb.mask.numpy() == 1].tolist()) == sorted(sampled.tolist())

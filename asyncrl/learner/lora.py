@@ -1,0 +1,164 @@
+"""LoRA in the learner: low-rank adapters beside frozen base linears (`learner.lora_rank > 0`).
+
+    y = x W^T + b + scale * (dropout(x) A^T) B^T      W [out, in], b [out] frozen; A [r, in], B [out, r] trained
+    scale = lora_alpha / lora_rank
+
+`apply` swaps every targeted `nn.Linear` of a Hugging Face model for a `LoraLinear` that owns the Linear's own
+`weight` and `bias` tensors under the same names, so every base parameter keeps its Hugging Face name and
+the adapters appear beside it as `<module>.lora_A` / `<module>.lora_B`. B starts at zero: the wrapped model
+computes exactly the base model until the first update.
+
+The rest of the learner sees adapters only through these functions:
+
+    adapter_names / is_adapter    which parameters are trained (the optimizer and the checkpoint hold only them)
+    merged_tensors                (HF name, tensor) of the merged model, W + scale * B @ A, computed fresh from
+                                  the pristine base each call (never merged in place): the weight push, the
+                                  rescorer and the merged export read it, so an engine needs no LoRA support
+    peft_state_dict / peft_config an adapter folder in PEFT's layout (export.py writes it)
+    check_targets                 the target names against a model folder, without loading weights (preflight)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ADAPTERS = ("lora_A", "lora_B")
+
+
+class LoraLinear(nn.Module):
+    """A frozen `nn.Linear` plus a trained low-rank update (the module docstring's formula)."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.rank, self.scale = rank, alpha / rank
+        self.register_parameter("weight", base.weight)  # [out, in], the base's own tensor (same name)
+        self.register_parameter("bias", base.bias)  # [out] or None
+        device = base.weight.device
+        self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, device=device))  # [r, in] fp32
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=device))  # [out, r] fp32
+        bound = 1.0 / math.sqrt(self.in_features)  # nn.Linear's default (kaiming-uniform, a = sqrt(5)) bound
+        with torch.no_grad():
+            self.lora_A.uniform_(-bound, bound)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [..., in] -> [..., out]; the adapters run in the base weight's (compute) dtype."""
+        dtype = self.weight.dtype
+        low = F.linear(self.dropout(x), self.lora_A.to(dtype))  # [..., r]
+        return F.linear(x, self.weight, self.bias) + self.scale * F.linear(low, self.lora_B.to(dtype))
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, scale={self.scale:g}"
+
+
+def target_paths(model: nn.Module, targets: Sequence[str]) -> list[str]:
+    """Module paths of the `nn.Linear`s whose last name component is one of `targets`. A target that names no
+    linear layer, or names the output head, is a ValueError naming it."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linears = {path: m for path, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for target in targets:
+        if any(path.rsplit(".", 1)[-1] == target and m is head for path, m in linears.items()):
+            raise ValueError(f"learner.lora_targets: {target!r} is the output head, which the fused logprob reads "
+                             "as a plain weight; LoRA covers the decoder's linear layers only, drop it")
+    found = sorted(path for path in linears if path.rsplit(".", 1)[-1] in targets)
+    names = {path.rsplit(".", 1)[-1] for path in found}
+    for target in targets:
+        if target not in names:
+            known = sorted({p.rsplit(".", 1)[-1] for p, m in linears.items() if m is not head})
+            raise ValueError(f"learner.lora_targets: {target!r} names no linear layer of {type(model).__name__} "
+                             f"(its linear layers: {', '.join(known)}); fix or drop it")
+    return found
+
+
+def apply(model: nn.Module, targets: Sequence[str], rank: int, alpha: float, dropout: float) -> dict[str, LoraLinear]:
+    """Wrap every target linear of `model` in place; returns {module path: LoraLinear}."""
+    wrapped = {}
+    for path in target_paths(model, targets):
+        parent, _, child = path.rpartition(".")
+        owner = model.get_submodule(parent)
+        wrapped[path] = LoraLinear(getattr(owner, child), rank, alpha, dropout)
+        setattr(owner, child, wrapped[path])
+    return wrapped
+
+
+def is_adapter(name: str) -> bool:
+    """Whether the parameter `name` (any prefix) is a LoRA adapter tensor."""
+    return name.rsplit(".", 1)[-1] in ADAPTERS
+
+
+def freeze_base(model: nn.Module, dtype: torch.dtype) -> None:
+    """Every parameter of `model` except the adapters: no gradient, held in `dtype` (the compute dtype: no fp32
+    master is kept of what is never updated). The adapters stay trainable fp32 masters."""
+    for name, p in model.named_parameters():
+        if is_adapter(name):
+            p.requires_grad_(True)
+            continue
+        p.requires_grad_(False)
+        if p.dtype != dtype and p.is_floating_point():
+            p.data = p.data.to(dtype)
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_parameters() if is_adapter(name)]
+
+
+@torch.no_grad()
+def merge_weight(weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float) -> Tensor:
+    """W [out, in] + scale * B [out, r] @ A [r, in] -> [out, in] fp32 (a new tensor: W is left as it is)."""
+    return weight.float() + scale * (lora_b.float() @ lora_a.float())
+
+
+def merged_tensors(named: Iterable[tuple[str, Tensor]], modules: dict[str, LoraLinear]) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) of the wrapped model, in its order -> (HF name, tensor) of the merged model: each LoRA
+    module's weight merged with its adapters (yielded once its last tensor has arrived), adapters dropped.
+    Consumes every item (a collective stream under FSDP stays in step on every rank)."""
+    held: dict[str, dict[str, Tensor]] = {}
+    for name, t in named:
+        path, _, leaf = name.rpartition(".")
+        module = modules.get(path)
+        if module is None:
+            yield name, t
+            continue
+        parts = held.setdefault(path, {})
+        parts[leaf] = t
+        if len(parts) < (4 if module.bias is not None else 3):
+            continue
+        del held[path]
+        yield f"{path}.weight", merge_weight(parts["weight"], parts["lora_A"], parts["lora_B"], module.scale)
+        if "bias" in parts:
+            yield f"{path}.bias", parts["bias"]
+    assert not held, f"LoRA modules with missing tensors: {sorted(held)}"
+
+
+def peft_state_dict(adapters: dict[str, Tensor]) -> dict[str, Tensor]:
+    """{"<module>.lora_A": A} (HF module paths) -> PEFT's saved keys, "base_model.model.<module>.lora_A.weight"."""
+    return {f"base_model.model.{name}.weight": t for name, t in adapters.items()}
+
+
+def peft_config(targets: Sequence[str], rank: int, alpha: float, dropout: float, base_path: str) -> dict[str, Any]:
+    """adapter_config.json of a PEFT LoRA adapter for a causal LM (scale alpha / r: no rsLoRA, no DoRA)."""
+    return {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
+        "r": rank, "lora_alpha": alpha, "lora_dropout": dropout, "target_modules": sorted(targets),
+        "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "modules_to_save": None,
+        "init_lora_weights": True, "use_rslora": False, "use_dora": False,
+    }
+
+
+def check_targets(model_path: str | Path, targets: Sequence[str]) -> None:
+    """The launcher's preflight: `targets` against the architecture of the folder `model_path` (config.json only;
+    the skeleton is built on the meta device, nothing is loaded). ValueError naming the first bad target."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    target_paths(skeleton, targets)
