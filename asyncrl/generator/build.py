@@ -55,7 +55,8 @@ def build_generator(
     timeline = Timeline(run_dir, name)
     rollout = build_rollout(cfg.generator.rollout, tokenizer, engine.limits().vocab_size)
     worker = GeneratorWorker(
-        name=name, engine=engine, hub=hub, tokenizer=tokenizer, max_running=cfg.generator.max_running,
+        name=name, engine=engine, hub=hub, tokenizer=tokenizer,
+        max_running=cfg.generator.rollout.max_episodes or cfg.generator.max_running,  # samples held at once
         weights=weights, seed=cfg.generator.seed,
         heartbeat_s=cfg.generator.heartbeat_s, timeline=timeline,
         group_size=cfg.batch.samples_per_prompt, rollout=rollout,

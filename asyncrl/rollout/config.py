@@ -20,6 +20,10 @@ class RolloutConfig:
     prompt's max_new_tokens. Each turn may sample up to max_new_tokens of what is left."""
     step_timeout_s: float = 30.0
     """An environment call (reset or step) that takes longer fails its episode with reason "timeout"."""
+    max_episodes: int = 0
+    """Episodes a generator holds at once (leased, decoding or waiting on their environment); 0 = its
+    max_running. More than max_running keeps the engine's rows busy while some episodes wait on slow tools
+    (the extra ones queue in the engine; none holds KV while it waits)."""
     env_threads: int = 16
     """Threads for environments whose reset/step are plain (non-async) functions."""
 
@@ -32,6 +36,8 @@ class RolloutConfig:
             raise ValueError(f"generator.rollout.max_total_tokens={self.max_total_tokens}: must be >= 0 (0: auto)")
         if self.step_timeout_s <= 0:
             raise ValueError(f"generator.rollout.step_timeout_s={self.step_timeout_s}: must be > 0")
+        if self.max_episodes < 0:
+            raise ValueError(f"generator.rollout.max_episodes={self.max_episodes}: must be >= 0 (0: max_running)")
         if self.env_threads < 1:
             raise ValueError(f"generator.rollout.env_threads={self.env_threads}: must be >= 1")
 

@@ -1,0 +1,166 @@
+"""Multi-turn episodes with slow tools: does the engine keep decoding while episodes wait on their tools?
+
+The generator worker drives the torch engine with the MultiTurn rollout over a simulated tool: every model turn
+(fixed length, EOS ignored) is answered after `tool_ms` by `--obs-tokens` random tokens, for `--turns` turns.
+All `--episodes` are in flight at once (generator.rollout.max_episodes) over `--episodes / --oversubscribe` engine
+rows (max_running): while some wait on their tool, the others fill the rows. One JSON line per tool latency:
+
+    python -m bench.agentic                                     # 0.5B shape, 256 episodes on 128 rows, 4 turns, 0/50/200 ms
+    python -m bench.agentic --shape tiny --device cpu --episodes 16 --turns 2 --turn-tokens 8 --tool-ms 0,20
+
+    tokens_per_s         model tokens over the run's wall time (the engine's output rate)
+    vs_no_tool           tokens_per_s / the first latency's figure (0 ms by default) of the same run
+    engine_idle_frac     wall time the engine had no work (every live episode waiting on its tool)
+    prefill_frac         tokens prefilled for turns 2.. / their history length (1.0: the history is prefilled
+                         again every turn; the torch engine keeps no KV between turns yet)
+    episodes_per_s, env_time_s (mean per episode)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncrl import records as R
+from asyncrl.generator.worker import GeneratorWorker
+from asyncrl.rollout.config import RolloutConfig
+from asyncrl.rollout.environment import Observation, Step
+from asyncrl.rollout.multi_turn import MultiTurn
+from bench.generation import SHAPES, VOCAB, build_hf, make_engine
+
+
+class SlowTool:
+    """Answers each turn after `ms` with `k` random token ids; `turns` turns."""
+
+    def __init__(self, ms: float, k: int, turns: int, seed: int) -> None:
+        self.ms, self.k, self.turns = ms, k, turns
+        self.rng = np.random.default_rng(seed)
+
+    async def reset(self, task):
+        return None
+
+    async def step(self, action):
+        if self.ms:
+            await asyncio.sleep(self.ms / 1000)
+        if action.turn >= self.turns:
+            return Step(reward=1.0, done=True, tool_calls=1)
+        return Step(observation=Observation(token_ids=self.rng.integers(0, VOCAB, self.k).tolist()), tool_calls=1)
+
+
+class LocalHub:
+    """The hub's part the generator sees, in process: leases `prompts` once, keeps what comes back."""
+
+    timeout_s = 30.0
+
+    def __init__(self, prompts: list[R.Prompt]) -> None:
+        self.queue, self.samples = list(prompts), []
+
+    def request(self, msg: Any) -> Any:
+        if isinstance(msg, R.LeaseRequest):
+            take, self.queue = self.queue[: msg.max_prompts], self.queue[msg.max_prompts:]
+            return R.Lease(lease_id="L", prompts=take, policy_version=0, expires_in_s=600.0)
+        if isinstance(msg, R.SampleBatch):
+            self.samples += msg.samples
+        return R.Ack(info={"policy_version": 0})
+
+
+class Metered:
+    """The engine, with its busy time, output tokens and request prompt lengths counted."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.busy_s, self.tokens, self.prompts = engine, 0.0, 0, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def add(self, request: Any) -> None:
+        self.prompts.append((request.request_id, len(request.prompt_token_ids)))
+        self.engine.add(request)
+
+    def step(self) -> list:
+        t = time.perf_counter()
+        out = self.engine.step()
+        self.busy_s += time.perf_counter() - t
+        self.tokens += sum(len(o.token_ids) for o in out)
+        return out
+
+
+class IdTokenizer:
+    eos_token_id = None
+    chat_template = None
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int) -> dict[str, Any]:
+    max_len = prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
+    rows = max(1, int(args.episodes / args.oversubscribe))  # the engine's max_running; the rest wait their turn
+    engine = Metered(make_engine(hf, rows, max_len))
+    rng = np.random.default_rng(0)
+    sampling = R.SamplingParams(max_new_tokens=args.turn_tokens, ignore_eos=True, temperature=1.0)
+    groups = args.episodes // args.group
+    prompts = [R.Prompt(prompt_id=f"p{i}", n=args.group, token_ids=rng.integers(0, VOCAB, prompt_len).astype(np.int32),
+                        sampling=sampling) for i in range(groups)]
+    hub = LocalHub(prompts)
+    cfg = RolloutConfig(environment="bench:SlowTool", max_turns=args.turns, step_timeout_s=60.0)
+    rollout = MultiTurn(cfg, lambda: SlowTool(tool_ms, args.obs_tokens, args.turns, seed=1), IdTokenizer(), VOCAB)
+    worker = GeneratorWorker(name="bench", engine=engine, hub=hub, tokenizer=IdTokenizer(), max_running=args.episodes,
+                             group_size=args.group, rollout=rollout)
+    start = time.perf_counter()
+    while len(hub.samples) < groups * args.group:
+        worker.run_once()
+    wall = time.perf_counter() - start
+    rollout.close()
+    continued = [length for rid, length in engine.prompts if "#t1" not in rid]
+    return {"tool_ms": tool_ms, "episodes": len(hub.samples), "engine_rows": rows, "turns": args.turns,
+            "wall_s": round(wall, 3),
+            "tokens_per_s": round(engine.tokens / wall, 1), "engine_idle_frac": round(1 - engine.busy_s / wall, 3),
+            "prefill_frac": 1.0 if continued else None,
+            "prefill_tokens_per_turn": round(float(np.mean(continued)), 1) if continued else 0.0,
+            "episodes_per_s": round(len(hub.samples) / wall, 2),
+            "env_time_s": round(float(np.mean([s.rollout["env_time_s"] for s in hub.samples])), 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.agentic")
+    p.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--episodes", type=int, default=256)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--turn-tokens", type=int, default=128)
+    p.add_argument("--obs-tokens", type=int, default=32)
+    p.add_argument("--tool-ms", default="0,50,200")
+    p.add_argument("--oversubscribe", type=float, default=2.0,
+                   help="episodes in flight per engine row (generator.rollout.max_episodes / max_running)")
+    args = p.parse_args(argv)
+    if args.episodes % args.group:
+        p.error(f"--episodes {args.episodes} must be a multiple of --group {args.group}")
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    max_len = args.prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
+    hf = build_hf(args.shape, max_len, dtype=dtype, device=args.device)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    latencies = [float(x) for x in args.tool_ms.split(",")]
+    run_case(args, hf, latencies[0], args.prompt_len)  # warm-up (kernels, allocator), not reported
+    base = None
+    for ms in latencies:
+        row = run_case(args, hf, ms, args.prompt_len)
+        base = base or row["tokens_per_s"]
+        row.update(vs_no_tool=round(row["tokens_per_s"] / base, 3), shape=args.shape, device=args.device,
+                   prompt_len=args.prompt_len, turn_tokens=args.turn_tokens, obs_tokens=args.obs_tokens, commit=commit)
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
