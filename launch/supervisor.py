@@ -6,9 +6,10 @@
         │  feeder thread: keeps the hub's prompt queue topped up
         │  watch loop (every 0.5 s):
         │     a crashed hub, generator or reward worker is restarted (the hub from its log, on the same
-        │       endpoint; the others reconnect on their own within launch.hub_reconnect_s), within
-        │       launch.max_restarts per launch.restart_window_s; a dead generator's leases are handed
-        │       back at once (PeerDown); a crashed learner ends the run with its log tail
+        │       endpoint; the others reconnect on their own within launch.hub_reconnect_s) after a backoff
+        │       (launch.restart_backoff_s doubling); a service that crashes launch.max_restarts times in a
+        │       row without becoming healthy (launch/restarts.py) ends the run as a crash loop; a dead
+        │       generator's leases are handed back at once (PeerDown); a crashed learner ends the run
         │     the progress watchdog ends a run with no learner step for launch.stall_timeout_s, with why
         └─ at the end: stop generators and reward workers, let the learner checkpoint and commit, then
            summary.json with the hub's final accounting (a dead hub is restarted to give it), then the hub
@@ -73,6 +74,7 @@ class Supervisor:
         os.environ.update(self.credentials.to_env())  # this process's own peers (the feeder) are the launcher
         self.children: dict[str, Child] = {}
         self.budgets: dict[str, RestartBudget] = {}
+        self.pending: dict[str, float] = {}  # service -> monotonic time of its restart (after the backoff)
         self.feeder: Feeder | None = None
         self.peer: HubPeer | None = None
         self.watchdog = ProgressWatchdog(cfg.launch.stall_timeout_s)
@@ -110,7 +112,7 @@ class Supervisor:
         self._write_run_json()
         for spec in self.specs():
             self.children[spec.name] = self.host.spawn(spec, self.run_dir / "logs")
-            self.budgets[spec.name] = RestartBudget(self.cfg.launch.max_restarts, self.cfg.launch.restart_window_s)
+            self.budgets[spec.name] = self._budget()
             self._write_run_json()
             if spec.name == "replay":
                 self.peer = HubPeer(self.endpoints["replay"], "launcher", timeout_s=HUB_READY_S,
@@ -120,15 +122,26 @@ class Supervisor:
         self.feeder = Feeder(self.cfg, self.endpoints["replay"], self.run_dir)
         self.feeder.start()
 
+    def _budget(self) -> RestartBudget:
+        c = self.cfg.launch
+        return RestartBudget(c.max_restarts, c.restart_window_s, backoff_s=c.restart_backoff_s,
+                             backoff_max_s=c.restart_backoff_max_s, healthy_after_s=c.healthy_after_s)
+
     def watch(self, progress: Progress) -> None:
+        last_step = -1
         while True:
             self._check_children()
+            step = int(last_metrics(self.run_dir).get("step", 0))
+            if step != last_step:  # the run trains: every service up now is healthy (launch/restarts.py)
+                last_step = step
+                for budget in self.budgets.values():
+                    budget.progress()
             learners = [c for n, c in self.children.items() if n.startswith("learner")]
             if all(c.proc.poll() == 0 for c in learners):
                 return
             stats = self._stats()
             progress.update(stats)
-            stalled = self.watchdog.check(int(last_metrics(self.run_dir).get("step", 0)), stats)
+            stalled = self.watchdog.check(step, stats)
             if stalled:
                 raise RunFailed(stalled)
             time.sleep(0.5)
@@ -176,9 +189,16 @@ class Supervisor:
     def _check_children(self) -> None:
         if self.feeder is not None and self.feeder.error is not None:
             raise RunFailed(f"the prompt feeder stopped: {self.feeder.error!r}")
+        now = time.monotonic()
+        for name, due in list(self.pending.items()):  # restarts whose backoff is over
+            if now >= due:
+                del self.pending[name]
+                self.children[name] = self.host.spawn(self.children[name].spec, self.run_dir / "logs")
+                self.budgets[name].started()
+                self._write_run_json()
         for name, child in list(self.children.items()):
             code = child.proc.poll()
-            if code is None or (code == 0 and name.startswith("learner")):
+            if code is None or (code == 0 and name.startswith("learner")) or name in self.pending:
                 continue
             if not child.spec.restartable or code == EXIT_CANNOT_START:
                 raise RunFailed(f"{name} exited with code {code}; last lines of {child.log_path}:\n{log_tail(child)}")
@@ -187,12 +207,12 @@ class Supervisor:
     def _restart(self, name: str, child: Child, code: int) -> None:
         if child.spec.role == "generator":
             self._report_down(child, code)
-        if not self.budgets[name].take():
+        delay = self.budgets[name].take()
+        if delay is None:
             raise RunFailed(f"{self.budgets[name].spent_message(name)}; last lines:\n{log_tail(child)}")
-        log.warning("%s exited with code %s; restarting (%d within %.0f s allowed)", name, code,
-                    self.cfg.launch.max_restarts, self.cfg.launch.restart_window_s)
-        self.children[name] = self.host.spawn(child.spec, self.run_dir / "logs")
-        self._write_run_json()
+        log.warning("%s exited with code %s; restarting in %.1f s (%d crashes in a row allowed)", name, code, delay,
+                    self.cfg.launch.max_restarts)
+        self.pending[name] = time.monotonic() + delay
 
     def _report_down(self, child: Child, code: int) -> None:
         """Its leases go back to the queue now instead of at hub.lease_timeout_s."""
@@ -207,7 +227,7 @@ class Supervisor:
         hub = self.children.get("replay")
         if hub is None:
             return self._stats()
-        if hub.proc.poll() is not None and self.budgets["replay"].take():
+        if hub.proc.poll() is not None and self.budgets["replay"].take() is not None:  # no backoff at the end
             log.warning("the hub is down at the end; restarting it from its log for the final accounting")
             self.children["replay"] = self.host.spawn(hub.spec, self.run_dir / "logs")
         deadline = time.monotonic() + HUB_READY_S

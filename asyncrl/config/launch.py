@@ -25,10 +25,17 @@ class LaunchConfig:
     progress: bool = True
     """Live progress in the terminal."""
     max_restarts: int = 3
-    """Restarts of one crashed service (hub, generator, reward worker) allowed within restart_window_s;
-    one more crash in that window stops the run."""
+    """Restarts of one crashed service (hub, generator, reward worker) in a row without it becoming healthy
+    (launch/restarts.py), within restart_window_s; one more such crash is a crash loop and stops the run."""
     restart_window_s: float = 600.0
     """The window over which max_restarts is counted (crashes older than this are forgiven)."""
+    healthy_after_s: float = 60.0
+    """A restarted service is healthy, and its crash count starts afresh, once the run made a learner step while
+    it was up or once it stayed up this long."""
+    restart_backoff_s: float = 1.0
+    """Wait before restarting a crashed service; doubles with each crash in a row (0: restart at once)."""
+    restart_backoff_max_s: float = 60.0
+    """The longest wait before a restart."""
     hub_reconnect_s: float = 120.0
     """How long a service keeps retrying a hub that does not answer (while the launcher restarts it)."""
     stall_timeout_s: float = 900.0
@@ -48,6 +55,11 @@ class LaunchConfig:
             raise ValueError(f"launch.max_restarts={self.max_restarts}: must be >= 0 (0 = no restarts)")
         if self.restart_window_s <= 0:
             raise ValueError(f"launch.restart_window_s={self.restart_window_s}: must be > 0 seconds")
+        if self.healthy_after_s <= 0:
+            raise ValueError(f"launch.healthy_after_s={self.healthy_after_s}: must be > 0 seconds")
+        if self.restart_backoff_s < 0 or self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ValueError(f"launch.restart_backoff_s={self.restart_backoff_s}, launch.restart_backoff_max_s="
+                             f"{self.restart_backoff_max_s}: need 0 <= restart_backoff_s <= restart_backoff_max_s")
         if self.hub_reconnect_s < 0:
             raise ValueError(f"launch.hub_reconnect_s={self.hub_reconnect_s}: must be >= 0 (0 = fail at once)")
         if self.wandb_project and importlib.util.find_spec("wandb") is None:

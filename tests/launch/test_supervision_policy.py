@@ -17,15 +17,44 @@ class Clock:
 def test_restart_budget_counts_per_window_not_per_run():
     clock = Clock()
     budget = RestartBudget(3, window_s=60, clock=clock)
-    assert all(budget.take() for _ in range(3))
-    assert not budget.take()  # a 4th crash within the window ends the run
-    assert "crashed 4 times within 60 s" in budget.spent_message("generator-0")
+    assert all(budget.take() is not None for _ in range(3))
+    assert budget.take() is None  # a 4th crash in a row within the window: a crash loop
+    assert "crashed 4 times in a row within 60 s" in budget.spent_message("generator-0")
     clock.t += 61  # the old crashes are forgiven
-    assert budget.take() and budget.take() and budget.total == 5
+    assert budget.take() is not None and budget.take() is not None and budget.total == 5
 
 
 def test_zero_budget_allows_no_restart():
-    assert not RestartBudget(0, window_s=60, clock=Clock()).take()
+    assert RestartBudget(0, window_s=60, clock=Clock()).take() is None
+
+
+def test_backoff_doubles_per_crash_in_a_row_up_to_its_cap():
+    budget = RestartBudget(10, window_s=600, clock=Clock(), backoff_s=1.0, backoff_max_s=5.0)
+    assert [budget.take() for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_a_service_that_made_progress_starts_afresh():
+    """The drill of a flaky host: killed every few seconds, but the run trains between kills: never a loop."""
+    clock = Clock()
+    budget = RestartBudget(3, window_s=600, clock=clock, backoff_s=1.0, healthy_after_s=60)
+    for _ in range(10):
+        budget.started()
+        clock.t += 4
+        budget.progress()  # a learner step while it was up
+        assert budget.take() == 1.0  # healthy before it died: count and backoff start afresh
+    assert budget.total == 10
+
+
+def test_a_service_that_stays_up_long_enough_is_healthy_without_steps():
+    clock = Clock()
+    budget = RestartBudget(1, window_s=600, clock=clock, healthy_after_s=60)
+    budget.started()
+    assert budget.take() is not None
+    budget.started()
+    clock.t += 61
+    assert budget.take() is not None  # up 61 s: healthy, so this crash is the first of a new run of crashes
+    budget.started()
+    assert budget.take() is None  # died at once, twice in a row: a crash loop
 
 
 def test_watchdog_ends_a_run_without_steps_and_names_the_failure():
