@@ -14,8 +14,7 @@ from asyncrl.reward.config import KINDS, RewardComponentConfig
 from asyncrl.reward.environment import EnvironmentReward
 from asyncrl.reward.protocol import Episode, EpisodeRewardFn, RewardFn
 from asyncrl.reward.scorer import Scorer, episode_of
-from asyncrl.reward.worker import RewardWorker
-from reward_helpers import config, fn, item
+from reward_helpers import config, fn, item, run_worker
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -110,16 +109,7 @@ def test_the_worker_sends_env_errors_back_failed_and_counts_them():
                     EpisodeItem(sample_index=1, finish_reason=FinishReason.ENV_ERROR, env_error="invalid: bad observation"),
                     EpisodeItem(sample_index=2)])
 
-    async def go():
-        scorer = Scorer(cfg)
-        worker = RewardWorker(peer, scorer, cfg, "reward-0", wait_s=0.05)
-        try:
-            await asyncio.wait_for(worker.run(), 10)
-        finally:
-            worker.close()
-            await scorer.close()
-        return worker
-    worker = asyncio.run(go())
+    worker = run_worker(cfg, peer)
     got = {s.sample_index: s for s in peer.scored}
     assert got[0].status is ScoreStatus.OK and got[0].reward == 1.0
     assert got[1].status is ScoreStatus.FAILED and got[1].reason == "environment: invalid: bad observation"

@@ -7,7 +7,7 @@ from asyncrl.peer import HubError
 from asyncrl.records import Ack, Heartbeat, RewardSpec, ScoredIds, ScoreRequest, ScoreStatus, ToScore, ToScoreItem
 from asyncrl.reward.scorer import Scorer
 from asyncrl.reward.worker import RewardWorker
-from reward_helpers import config, fn, item
+from reward_helpers import config, fn, item, run_worker
 
 
 class FakePeer:
@@ -47,19 +47,6 @@ def items(n: int) -> list[ToScoreItem]:
     return [item(texts[i % 3], RewardSpec(target="85"), f"p{i // 4}", i % 4) for i in range(n)]
 
 
-
-def run_worker(cfg, peer) -> RewardWorker:
-    """Run a worker against `peer` until the peer asks it to shut down (10 s at most)."""
-    async def go():
-        scorer = Scorer(cfg)
-        worker = RewardWorker(peer, scorer, cfg, "reward-7", wait_s=0.05)
-        try:
-            await asyncio.wait_for(worker.run(), 10)
-        finally:
-            worker.close()
-            await scorer.close()
-        return worker
-    return asyncio.run(go())
 
 def test_worker_scores_everything_concurrently_and_stops_on_shutdown():
     cfg = config({"kind": "task"}, {"kind": "python", "name": "slow", "weight": 0.0, "options": {"function": fn("slow")}},
