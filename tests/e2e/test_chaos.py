@@ -47,8 +47,10 @@ def wait_new_pid(run_dir: Path, name: str, old: int, timeout_s: float = 60) -> N
 def test_generator_killed_six_times_and_hub_once_the_run_finishes_by_itself(tmp_path):
     run_dir = tmp_path / "run"
     steps = 24
-    # the default budget (3 crashes in a row): the run trains between kills, so each restart starts it afresh
-    proc = launch(run_dir, f"learner.steps={steps}", "learner.checkpoint_every=4", *FAST, wait=False)
+    # the default budget (3 crashes in a row): the run trains between kills, so each restart starts it afresh;
+    # only the backoff is shortened (1 s by default), to keep the suite quick
+    proc = launch(run_dir, f"learner.steps={steps}", "learner.checkpoint_every=4", "launch.restart_backoff_s=0.2",
+                  *FAST, wait=False)
     try:
         for i in range(6):
             wait_for_step(run_dir, 2 + 3 * i)

@@ -18,7 +18,7 @@ from e2e_helpers import metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
-SETS = ["learner.steps=12", "learner.checkpoint_every=4", "launch.progress=true"]
+SETS = ["learner.steps=8", "learner.checkpoint_every=3", "launch.progress=true"]
 
 
 def launch(run_dir: Path, resume: bool = False) -> subprocess.Popen:
@@ -31,7 +31,7 @@ def test_multi_turn_run_trains_on_episodes_and_resumes_without_losing_one(tmp_pa
     run_dir = tmp_path / "run"
     proc = launch(run_dir)
     deadline = time.monotonic() + 200
-    while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 6):
+    while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 4):
         time.sleep(0.2)
     os.killpg(json.loads((run_dir / "run.json").read_text())["pids"]["learner-0"], signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
@@ -43,7 +43,7 @@ def test_multi_turn_run_trains_on_episodes_and_resumes_without_losing_one(tmp_pa
     assert resumed.returncode == 0, out
     ms = metrics(run_dir)
     steps = [m["step"] for m in ms]
-    assert steps[before] <= 6 and sorted(set(steps)) == list(range(1, 13))
+    assert steps[before] <= 4 and sorted(set(steps)) == list(range(1, 9))
     assert all(1.0 < m["turns_mean"] <= 3.0 for m in ms[:4])  # the untrained model is often wrong: it retries
     assert all(m["episode_failed"] == {} and m["tool_calls"] == 0 and m["env_time_s"] >= 0 for m in ms)
     acc = json.loads((run_dir / "summary.json").read_text())["accounting"]
