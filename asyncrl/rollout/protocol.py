@@ -37,9 +37,6 @@ class Trajectory:
     env_error: str = ""
     stats: dict[str, float] = field(default_factory=dict)  # -> Sample.rollout
 
-    def model_token_count(self) -> int:
-        return len(self.token_ids) if self.loss_mask is None else int(self.loss_mask.sum())
-
 
 Finished = tuple[str, Trajectory]  # (prompt_id, trajectory)
 
