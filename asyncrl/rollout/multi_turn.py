@@ -178,6 +178,9 @@ class MultiTurn:
             ids = self.encoder.encode(value.observation, ep.last_model_token(), self.vocab_size)
         except ObservationError as e:
             return self._fail(ep, Failure("invalid", f"step returned a bad observation: {e}"))
+        if not len(ids):  # the next turn would join this one: turns are the runs of model tokens
+            return self._fail(ep, Failure("invalid", "step returned an empty observation; end the episode with "
+                                                     "done=True or observation=None instead"))
         if len(ids) >= ep.remaining():  # no room left for a model token after it
             return self._finish(ep, R.FinishReason.LENGTH)
         ep.add_env_tokens(ids, version)

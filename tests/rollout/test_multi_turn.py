@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from asyncrl import records as R
+from asyncrl import wire
 from asyncrl.engine.protocol import EngineLimits, EngineStats, GenerationOutput
 from asyncrl.generator.worker import GeneratorWorker
 from asyncrl.rollout.config import RolloutConfig
@@ -170,10 +171,19 @@ class BadObservation(Twice):
         return Step(observation=Observation(token_ids=[999]))
 
 
+class EmptyObservation(Twice):
+    """Would merge two model turns into one run of the mask, leaving more turn rewards than turns."""
+
+    def step(self, action):
+        return Step(observation=Observation(token_ids=[]), reward=0.5)
+
+
 @pytest.mark.parametrize("env, reason", [(Raises, "raised"), (HangsAsync, "timeout"), (HangsSync, "timeout"),
-                                         (Garbage, "invalid"), (BadObservation, "invalid")])
+                                         (Garbage, "invalid"), (BadObservation, "invalid"),
+                                         (EmptyObservation, "invalid")])
 def test_a_failing_environment_fails_only_its_episode(env, reason):
     samples, _, worker = run(env, n=2, timeout=0.3)
+    wire.decode_packed(wire.encode(R.SampleBatch(lease_id="L", samples=samples)))  # a failed episode still travels
     assert len(samples) == 2 and all(s.finish_reason == R.FinishReason.ENV_ERROR for s in samples)
     assert all(s.env_error.startswith(reason + ":") and s.env_reward is None for s in samples)
     assert worker.rollout.stats()[f"episode_failed_{reason}"] == 2
@@ -211,7 +221,6 @@ def test_an_environment_that_cannot_be_built_fails_its_episodes():
 
 def test_the_learner_trains_on_exactly_the_sampled_and_appended_ids():
     """Worker -> the wire (as the hub forwards it, spliced bytes) -> the learner's packed micro-batch."""
-    from asyncrl import wire
     from asyncrl.learner.batch_tensors import build_micro_batch, flatten_batch
 
     samples, engine, _ = run(Twice, n=2)
