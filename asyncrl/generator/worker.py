@@ -183,13 +183,11 @@ class GeneratorWorker:
             ignore_eos=prompt.sampling.ignore_eos,
             seed=prompt.sampling.seed if prompt.sampling.seed is not None else self._seed_for(prompt.prompt_id),
         )
-        added: list[str] = []
         try:
             for request in self.rollout.start(prompt, ids, sampling):
                 self.engine.add(request)  # raises ValueError for a request it cannot take
-                added.append(request.request_id)
         except ValueError:
-            self.engine.abort(added + self.rollout.drop(prompt.prompt_id))
+            self.engine.abort(self.rollout.drop(prompt.prompt_id))  # drop names every request it made
             raise
         self.groups[prompt.prompt_id] = _Group(prompt, lease_id, ids, time.time())
 

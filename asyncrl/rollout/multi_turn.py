@@ -14,6 +14,7 @@ turns (see docs/rollouts.md).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import Counter
@@ -171,7 +172,7 @@ class MultiTurn:
             if isinstance(v, (int, float)) and _finite(v):
                 ep.info[k] = ep.info.get(k, 0.0) + float(v)
         if value.done or value.observation is None:
-            return self._finish(ep, ep.last_finish if ep.last_finish != R.FinishReason.ABORT else R.FinishReason.STOP)
+            return self._finish(ep, ep.last_finish)  # an aborted turn never reaches here: its prompt went back
         if ep.turns >= self.cfg.max_turns:
             return self._finish(ep, R.FinishReason.LENGTH)
         try:
@@ -192,10 +193,8 @@ class MultiTurn:
         self.requests[rid] = (ep.prompt_id, ep.index)
         seed = None if ep.sampling.seed is None else \
             (ep.sampling.seed + (ep.turns + 1) * TURN_SEED_STRIDE + ep.index) & 0x7FFFFFFF
-        sampling = R.SamplingParams(
-            temperature=ep.sampling.temperature, top_p=ep.sampling.top_p, top_k=ep.sampling.top_k,
-            max_new_tokens=min(ep.sampling.max_new_tokens, ep.remaining()),
-            stop_token_ids=list(ep.sampling.stop_token_ids), ignore_eos=ep.sampling.ignore_eos, seed=seed)
+        sampling = dataclasses.replace(ep.sampling, max_new_tokens=min(ep.sampling.max_new_tokens, ep.remaining()),
+                                       seed=seed)
         return GenerationRequest(request_id=rid, prompt_token_ids=ep.context(), sampling=sampling, n=1)
 
     def _finish(self, ep: Episode, finish: R.FinishReason):
