@@ -128,7 +128,7 @@ class Supervisor:
                              backoff_max_s=c.restart_backoff_max_s, healthy_after_s=c.healthy_after_s)
 
     def watch(self, progress: Progress) -> None:
-        last_step = -1
+        last_step = int(last_metrics(self.run_dir).get("step", 0))  # a resumed run starts past 0: not progress
         while True:
             self._check_children()
             step = int(last_metrics(self.run_dir).get("step", 0))
