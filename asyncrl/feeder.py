@@ -6,7 +6,8 @@ It aims for `target` queued prompts (enough for the generators to lease while th
 rule allows): prompts_per_step x (max_staleness + 2). The data cursor (next index) is kept in
 RUN_DIR/feeder.json, written after each accepted submit; after a crash a prompt may be offered
 twice, and the hub refuses the duplicate id, so no prompt is queued twice. The source is seeded,
-so a resumed run continues the same prompt sequence.
+so a resumed run continues the same prompt sequence. A hub that dies and is restarted by the launcher
+is waited for (launch.hub_reconnect_s), as every other service waits for it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Feeder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="feeder", daemon=True)
         self.error: BaseException | None = None
+        self.request_timeout_s = 5.0  # loopback: a live hub answers in ms
 
     def start(self) -> None:
         self._thread.start()
@@ -68,7 +70,11 @@ class Feeder:
                                     heldout=cfg.eval.heldout_count())  # evaluation's prompts are never trained on
         index = self._cursor()
         source = itertools.islice(source, index, None)
-        peer = HubPeer(self.endpoint, "feeder", timeout_s=30.0)
+        # A hub killed while our request is in flight never answers it: ask again on a new socket for as long
+        # as the launcher may take to restart it (a repeated SubmitPrompts is refused as a duplicate, never
+        # queued twice).
+        peer = HubPeer(self.endpoint, "feeder", timeout_s=self.request_timeout_s, reconnect_s=cfg.launch.hub_reconnect_s)
+        peer.give_up = self._stop.is_set
         try:
             while not self._stop.is_set():
                 queued = int(peer.request(R.StatsRequest()).counters.get("queued_prompts", 0))

@@ -8,6 +8,8 @@ and leaves through its `finally`. A second signal exits at once.
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import logging
 import os
 import signal
@@ -91,6 +93,10 @@ def start_service(description: str, role: str | None, *, device: bool = False,
     credentials proving it (the hub itself passes None: it holds the secret)."""
     args = service_args(description, device=device, argv=argv)
     log = setup_logging(args.name)
+    # Registered first, so it runs after every other exit handler: the interpreter's last collections then
+    # skip the objects torch and transformers made (about 1 s of every service's exit, measured on 2 cores).
+    # Each service closes what it owns in its own `finally` before this.
+    atexit.register(gc.freeze)
     stop = StopFlag().install()
     cfg, run = load_config(args.run_dir), read_run_json(args.run_dir)
     if role is not None:

@@ -13,7 +13,8 @@ a repeat is either answered again or refused with a reason), after that TimeoutE
 Authentication (asyncrl.credentials): the socket proves `credentials` (default: the role and key the
 launcher put in the environment, `Credentials.from_env()`; none: an unauthenticated hub, e.g. in tests).
 `reconnect_s` defaults to ASYNCRL_HUB_RECONNECT_S from the launcher, else 0; `give_up()` (a service's stop
-flag) ends the retries early.
+flag) ends the retries early, and a wait for a reply after STOPPING_GRACE_S: a service stopping because its
+launcher died must not wait out the full timeout for a hub that died with it.
 
 Messages the hub pushes unasked (`Completion`s for clients that
 submitted with watch=True) are kept in order and read with `receive()`. Not thread-safe: one per thread.
@@ -46,6 +47,8 @@ REPLIES: dict[type, tuple[type, ...]] = {  # what answers each request (any othe
     R.StatsRequest: (R.Stats,)}
 _LOG_FIRST = 10  # rejected frames logged by reason: the first few, then every 1000th
 ENV_RECONNECT = "ASYNCRL_HUB_RECONNECT_S"
+_SLICE_S = 0.1  # a reply is waited for in slices, so that give_up() is seen while waiting
+STOPPING_GRACE_S = 2.0  # once give_up(), a reply still in flight is waited for this long (a live hub answers in ms)
 
 
 class HubError(RuntimeError):
@@ -100,14 +103,18 @@ class HubPeer:
     def _attempt(self, msg: Any, frame: bytes) -> Any:
         self.sock.send(frame, copy=False)
         budget = self.timeout_s + float(getattr(msg, "wait_s", 0.0))
-        deadline = time.monotonic() + budget
+        sent = time.monotonic()
+        deadline = sent + budget
         while True:
-            reply = self._recv_until(deadline)
+            reply = self._recv_until(min(deadline, time.monotonic() + _SLICE_S))
             if reply is None:
+                now = time.monotonic()
+                if now < deadline and not (self.give_up() and now - sent >= STOPPING_GRACE_S):
+                    continue
                 self.sock.close(linger=0)
                 self.sock = self._connect()
                 raise TimeoutError(f"no reply from the hub at {self.endpoint} to {type(msg).__name__} "
-                                   f"within {budget:.1f}s")
+                                   f"within {now - sent:.1f}s" + (" (stopping)" if now < deadline else ""))
             if isinstance(reply, PUSHED):
                 self.pushed.append(reply)
                 continue

@@ -22,6 +22,7 @@ off as the GPU hosts require.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from asyncrl.nccl_env import nccl_env  # noqa: F401  (the launcher's children get it; asyncrl.nccl_env owns it)
@@ -55,11 +56,19 @@ def place(*, learner_ranks: int, learner_devices: list[str], generators: int, ge
 def run_placement(cfg: Any, gpus: int | None = None) -> Placement:
     """The placement of a RunConfig on this host (`gpus`: default torch.cuda.device_count())."""
     if gpus is None:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = visible_gpus()
     return place(learner_ranks=cfg.learner.ranks, learner_devices=cfg.learner.devices, generators=cfg.generator.count,
                  generator_devices=cfg.generator.devices, gpus=gpus)
+
+
+def visible_gpus() -> int:
+    """GPUs torch can use here; a host without GPU device nodes answers 0 without importing torch (1-3 s of a
+    CPU launch's start-up)."""
+    if not any(next(Path("/dev").glob(pattern), None) for pattern in ("nvidia[0-9]*", "kfd", "dxg")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _default_learner(ranks: int, gpus: int) -> list[str]:

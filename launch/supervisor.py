@@ -77,7 +77,8 @@ class Supervisor:
         self.pending: dict[str, float] = {}  # service -> monotonic time of its restart (after the backoff)
         self.feeder: Feeder | None = None
         self.peer: HubPeer | None = None
-        self.watchdog = ProgressWatchdog(cfg.launch.stall_timeout_s)
+        batch_samples = cfg.batch.prompts_per_step * cfg.batch.samples_per_prompt
+        self.watchdog = ProgressWatchdog(cfg.launch.stall_timeout_s, fail_fast_samples=2 * batch_samples)
 
     # ------------------------------------------------------------------ specs
 
@@ -158,11 +159,11 @@ class Supervisor:
                     time.sleep(0.2)
 
     def finish(self) -> dict:
-        """Stop producers, let the learner checkpoint and commit, read the final accounting, stop the hub."""
+        """Stop every service but the hub at once (a learner still running checkpoints and commits), read the
+        final accounting, stop the hub."""
         if self.feeder is not None:
             self.feeder.stop()
-        for prefix in ("generator", "reward", "learner"):
-            stop([c for n, c in self.children.items() if n.startswith(prefix)])
+        stop([c for n, c in self.children.items() if n != "replay"])  # together: each ends on its own, the hub stays
         stats = self._final_stats()
         if self.peer is not None:
             try:

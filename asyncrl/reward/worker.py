@@ -47,11 +47,20 @@ class RewardWorker:
         self.shutdown_requested = False
 
     async def run(self, stop: Any | None = None) -> None:
-        """Loop until the hub asks for shutdown or `stop.is_set()`; finished samples are flushed first."""
-        await self.heartbeat()
-        while not self.shutdown_requested and not (stop is not None and stop.is_set()):
-            await self.step()
-        await self.drain()
+        """Loop until the hub asks for shutdown or `stop.is_set()`; finished samples are flushed first. A hub
+        that stopped with us (the run ended, or the launcher died) is no error: what was in flight is leased
+        again when the run resumes."""
+        stopping = (lambda: stop.is_set()) if stop is not None else (lambda: False)
+        try:
+            await self.heartbeat()
+            while not self.shutdown_requested and not stopping():
+                await self.step()
+            await self.drain()
+        except TimeoutError as e:
+            if not stopping():
+                raise
+            log.info("%s: stopping without the hub (%s); %d samples in flight are scored again on resume",
+                     self.name, e, len(self.inflight))
 
     async def step(self) -> None:
         free = self.cfg.max_inflight - len(self.inflight)

@@ -53,7 +53,7 @@ def test_generator_killed_six_times_and_hub_once_the_run_finishes_by_itself(tmp_
                   *FAST, wait=False)
     try:
         for i in range(6):
-            wait_for_step(run_dir, 2 + 3 * i)
+            wait_for_step(run_dir, 2 + 3 * i, proc=proc)
             wait_new_pid(run_dir, "generator-0", kill(run_dir, "generator-0"))
             if i == 2:
                 wait_new_pid(run_dir, "replay", kill(run_dir, "replay"))
@@ -75,8 +75,7 @@ def test_reward_that_always_raises_ends_the_run_with_the_reason(tmp_path, monkey
         "def score(response, spec):\n    raise RuntimeError('broken reward for every sample')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     component = '[{kind="python", options={function="bad_reward:score"}}]'
-    proc = launch(run_dir, "learner.steps=5", "launch.stall_timeout_s=20", f"reward.components={component}",
-                  wait=False)
+    proc = launch(run_dir, "learner.steps=5", f"reward.components={component}", wait=False)  # no stall timeout: ends at once
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 1, out
     assert "every sample failed" in out and "broken reward for every sample" in out, out[-3000:]

@@ -69,6 +69,19 @@ def test_watchdog_ends_a_run_without_steps_and_names_the_failure():
     assert reason.startswith("no learner step for 31 s") and "every sample failed (640 so far): reward: RuntimeError: broken" in reason
 
 
+def test_watchdog_ends_at_once_a_run_whose_every_sample_failed():
+    clock = Clock()
+    dog = ProgressWatchdog(900, clock=clock, fail_fast_samples=128)
+    early = {"accounting": {"failed": 127, "trained": 0}, "states": {"scored": 0}, "last_failure": "env: boom"}
+    assert dog.check(0, early) == ""  # fewer than two batches' worth: maybe bad luck
+    failing = {"accounting": {"failed": 128, "trained": 0}, "states": {"scored": 0}, "last_failure": "env: boom"}
+    reason = dog.check(0, failing)
+    assert reason.startswith("128 samples or more failed and none was scored") and "every sample failed" in reason
+    one_scored = {"accounting": {"failed": 500, "trained": 0}, "states": {"scored": 1}}
+    one_trained = {"accounting": {"failed": 500, "trained": 1}, "states": {"scored": 0}}
+    assert dog.check(0, one_scored) == "" and dog.check(0, one_trained) == ""  # left to the stall timeout
+
+
 def test_watchdog_resets_on_each_step_and_is_off_at_zero():
     clock = Clock()
     dog = ProgressWatchdog(30, clock=clock)
