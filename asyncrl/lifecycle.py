@@ -2,7 +2,8 @@
 
 SIGTERM (launcher stopping the run) and SIGINT (Ctrl-C forwarded to the learner) set the flag; the
 service finishes its current unit of work (a decode step, a learner step + checkpoint, a hub loop turn)
-and leaves through its `finally`. A second signal exits at once.
+and leaves through its `finally`. A second signal exits at once; one within REPEAT_S of the first is the
+same stop delivered twice (the parent-death signal and a process-group kill arrive ms apart) and is ignored.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,9 @@ from typing import Any
 from asyncrl.config.run import RunConfig
 from asyncrl.credentials import Credentials, RunSecret
 from asyncrl.rundir import load_config, read_run_json
+
+
+REPEAT_S = 0.5
 
 
 class StopFlag:
@@ -50,9 +55,17 @@ class StopFlag:
         return self._event.wait(timeout)
 
     def install(self) -> "StopFlag":
+        first: list[float] = []  # when the first signal came
+
         def handler(signum: int, _frame: object) -> None:
-            if self.is_set():
-                raise SystemExit(128 + signum)
+            # Plain assignments before anything that takes a lock: a signal can interrupt this handler, and
+            # a nested Event.set() would deadlock on the Event's lock (seen: a hub hung for minutes).
+            now = time.monotonic()
+            if first:
+                if now - first[0] >= REPEAT_S:
+                    raise SystemExit(128 + signum)
+                return  # the same stop delivered twice: the parent-death signal and a group kill, ms apart
+            first.append(now)
             self.signal = signum
             self.set()
 

@@ -7,6 +7,7 @@ started on another node (`launch.ray_host.RayProc`); both signal the whole proce
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -80,7 +81,7 @@ class Child:
     restarts: int = 0
 
 
-def _in_child() -> None:
+def _in_child(parent: int) -> None:
     """Before exec: no signal blocked and SIGINT not ignored (a blocked mask and an ignored disposition both
     survive exec: a Ray worker that starts a service blocks SIGINT, and a launcher started as a shell
     script's background job ignores it; either would keep Ctrl-C from reaching the learner); and, on Linux,
@@ -90,7 +91,9 @@ def _in_child() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass  # not Linux: the launcher's own SIGTERM / Ctrl-C handling still stops the children
+        return  # not Linux: the launcher's own SIGTERM / Ctrl-C handling still stops the children
+    if os.getppid() != parent:  # the launcher died between fork and prctl: no signal will ever come
+        os._exit(1)
 
 
 def spawn(spec: ProcessSpec, log_dir: Path, cwd: str | None = None) -> Child:
@@ -102,7 +105,7 @@ def spawn(spec: ProcessSpec, log_dir: Path, cwd: str | None = None) -> Child:
         proc = subprocess.Popen(
             [sys.executable, "-m", spec.module, *spec.args], stdout=logf, stderr=subprocess.STDOUT, env=env,
             stdin=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C reaches the launcher only
-            preexec_fn=_in_child, cwd=cwd,
+            preexec_fn=functools.partial(_in_child, os.getpid()), cwd=cwd,
         )
     return Child(spec, LocalProc(proc), log_path)
 
