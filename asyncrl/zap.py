@@ -7,8 +7,8 @@ libzmq asks the handler (inproc://zeromq.zap.01 of the server's context) once pe
 any message of that connection is delivered; a refused connection never delivers anything. The role
 the handler returns is readable on every message of the connection (`frame.get("User-Id")`).
 
-Threads: one daemon thread per handler answers ZAP requests; it shares only the counters (ints and a
-bounded list of recent reasons, written by that thread, read by the server's stats).
+Threads: one daemon thread per handler answers ZAP requests; it shares only `counters` (two ints, written
+by that thread, read by the server's stats); refusal reasons go to the log (the first 20, then every 1000th).
 
 `secure(sock, endpoint)` chooses the mechanism from the address the server binds: PLAIN (the role
 key as password) on loopback / ipc, CURVE everywhere else (binding a non-loopback address without
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
-from collections import deque
 
 import zmq
 from zmq.utils import z85
@@ -39,7 +38,6 @@ class ZapHandler:
         self.keys = {role: role_key(secret, role) for role in ROLES}
         self.curve_roles = {curve_pair(bytes.fromhex(k))[0]: role for role, k in self.keys.items()}
         self.counters = {"accepted": 0, "refused": 0}
-        self.recent: deque[str] = deque(maxlen=20)  # reasons of the latest refusals
         self._sock = zmq.Context.shadow(ctx.underlying).socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(ZAP_ENDPOINT)
@@ -81,7 +79,6 @@ class ZapHandler:
         role, reason = self._check(mechanism, creds)
         if role is None:
             self.counters["refused"] += 1
-            self.recent.append(f"{address.decode(errors='replace')}: {reason}")
             if self.counters["refused"] <= 20 or self.counters["refused"] % 1000 == 0:
                 log.warning("refused connection #%d from %s: %s", self.counters["refused"],
                             address.decode(errors="replace"), reason)

@@ -1,4 +1,5 @@
-"""Advantage estimators: small pure functions on tensors, chosen by `LearnerConfig.algorithm`.
+"""Advantage estimators: small pure functions on tensors, each named by an algorithm's recipe
+(`Recipe.advantage`, asyncrl/learner/algorithms.py).
 
 Two shapes of estimator:
 * outcome-level (one scalar reward per sample, normalised within its prompt's group):
@@ -14,12 +15,15 @@ Formulas, deliberate choices and differences from TRL / verl: docs/algorithms.md
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from asyncrl.learner.config import SIGNAL_SPREAD
+from asyncrl.learner.algorithms import RECIPES, SIGNAL_SPREAD, recipe
 
 ReduceFn = Callable[[Tensor], Tensor]
 EPS = 1e-6
@@ -156,19 +160,21 @@ def gae(token_rewards: Tensor, mask: Tensor, values: Tensor | None = None, gamma
     return masked_whiten(adv, mask, reduce), returns
 
 
+def estimator(name: str) -> Callable[..., Any]:
+    """The estimator a recipe names (`Recipe.advantage`): the function of this module called `name`."""
+    fn = getattr(sys.modules[__name__], name, None)
+    if not inspect.isfunction(fn):
+        raise ValueError(f"Recipe.advantage={name!r}: asyncrl/learner/advantages.py has no such function; "
+                         "name one of its estimators or add it there")
+    return fn
+
+
+# The built-in algorithms' estimators by level, as the registry had them at import (the loop reads the recipe).
 OUTCOME_ADVANTAGES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "grpo": grpo,
-    "dapo": grpo,  # DAPO normalises like GRPO; the group filter and token-mean loss make the difference
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-}
+    name: estimator(r.advantage) for name, r in RECIPES.items() if not r.token_level}
 TOKEN_ADVANTAGES: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
-    "reinforce_pp": reinforce_pp,
-    "ppo": gae,
-}
+    name: estimator(r.advantage) for name, r in RECIPES.items() if r.token_level}
 
 
 def is_token_level(algorithm: str) -> bool:
-    if algorithm not in OUTCOME_ADVANTAGES and algorithm not in TOKEN_ADVANTAGES:
-        raise ValueError(f"unknown algorithm {algorithm!r}; known: {sorted({*OUTCOME_ADVANTAGES, *TOKEN_ADVANTAGES})}")
-    return algorithm in TOKEN_ADVANTAGES
+    return recipe(algorithm).token_level

@@ -5,12 +5,12 @@ The loop combines them per token as
     loss_t = w_is_t * pg_t  [+ kl_coef * k3_t]  [+ value_coef * vf_t]
     loss   = sum_t agg_t * loss_t
 
-where `w_is` is the behaviour -> proximal importance weight (`importance_weights`), `pg` the clipped
-surrogate (`policy_loss`: token- or sequence-level ratio, dual-clip) and `agg` the per-token aggregation
-weight (`aggregation_weights`), which
-turns the sum into a token mean, a per-sequence mean, or a constant-normalised sum over the whole
-(global, all ranks) mini-batch. Because `agg` already holds the global normaliser, micro-batches and
-ranks simply add their sums.
+where `w_is` is the behaviour -> proximal importance weight (`importance_weights`, the rollout correction:
+per token, per sample or their geometric mean; masked or truncated), `pg` the clipped surrogate
+(`policy_loss`: token- or sequence-level ratio, dual-clip) and `agg` the per-token aggregation weight
+(`aggregation_weights`), which turns the sum into a token mean, a per-sequence mean, or a constant-normalised
+sum over the whole (global, all ranks) mini-batch. Because `agg` already holds the global normaliser,
+micro-batches and ranks simply add their sums.
 
 A sequence-level ratio (RLOO) gives every token of a sample the same loss value; with `seq_mean`
 aggregation the sample then counts once, as in the RLOO paper. Formulas and choices: docs/algorithms.md.
@@ -58,12 +58,18 @@ def sequence_ratio(logp: Tensor, old_logp: Tensor, seq_lens: Tensor, mask: Tenso
     """rho_s = exp(sum_{t in s, mask_t = 1} (logp_t - old_t)), the ratio of the probabilities of the sample's
     policy tokens (an environment's tokens were not sampled from the policy), repeated on each token of its
     sample.  [n], [n], seq_lens [s], mask [n] or None (all 1) -> [n]"""
-    seq_ids = torch.repeat_interleave(  # [n]; output_size avoids a device sync
-        torch.arange(len(seq_lens), device=logp.device), seq_lens.to(logp.device), output_size=logp.shape[0])
-    log_diff = logp - old_logp if mask is None else torch.where(mask > 0, logp - old_logp, 0.0)  # [n]
-    log_rho = torch.zeros(len(seq_lens), dtype=logp.dtype, device=logp.device)  # [s]
-    log_rho = log_rho.index_add(0, seq_ids, log_diff)
+    log_rho, seq_ids = sequence_sums(logp - old_logp, seq_lens, mask)  # [s], [n]
     return torch.exp(log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))[seq_ids]
+
+
+def sequence_sums(values: Tensor, seq_lens: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per-sequence sums of `values` over the policy's tokens (mask > 0) of packed sequences, and each token's
+    sequence.  values [n], seq_lens [s], mask [n] or None (all 1) -> (sums [s], seq_ids [n])"""
+    seq_ids = torch.repeat_interleave(  # [n]; output_size avoids a device sync
+        torch.arange(len(seq_lens), device=values.device), seq_lens.to(values.device), output_size=values.shape[0])
+    kept = values if mask is None else torch.where(mask > 0, values, 0.0)  # [n]
+    sums = torch.zeros(len(seq_lens), dtype=values.dtype, device=values.device)  # [s]
+    return sums.index_add(0, seq_ids, kept), seq_ids
 
 
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
@@ -90,20 +96,41 @@ def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: f
     return clipped_surrogate(token_ratio(logp, old_logp), advantages, eps_low, eps_high, dual_clip)
 
 
-def importance_weights(prox_logp: Tensor, behav_logp: Tensor, mode: str, cap: float) -> tuple[Tensor, Tensor]:
-    """Behaviour -> proximal importance weight w = pi_prox / pi_behav per token (no gradient).
-    decoupled: tokens with w > cap get weight 0 (dropped, as in decoupled PPO); tis: w truncated to
-    min(w, cap); none: 1. Returns (weights [n], dropped [n] bool)."""
+def importance_weights(prox_logp: Tensor, behav_logp: Tensor, mode: str, cap: float, *, low: float = 0.0,
+                       level: str = "token", seq_lens: Tensor | None = None,
+                       mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Behaviour -> proximal importance weight w = pi_prox / pi_behav per token (no gradient), taken at `level`
+    (`weight_log_ratio`; seq_lens [s] and mask [n] needed above token level).
+    decoupled: masked IS, weight 0 where w leaves [low, cap] (above cap only when low is 0: decoupled PPO's
+    drop); tis: w truncated to min(w, cap); none: 1. Returns (weights [n], dropped [n] bool)."""
     if mode == "none":
         ones = torch.ones_like(behav_logp)
         return ones, torch.zeros_like(behav_logp, dtype=torch.bool)
-    w = torch.exp((prox_logp - behav_logp).detach())  # [n]
+    w = torch.exp(weight_log_ratio(prox_logp, behav_logp, level, seq_lens, mask))  # [n]
     if mode == "tis":
         return w.clamp(max=cap), torch.zeros_like(w, dtype=torch.bool)
     if mode == "decoupled":
-        dropped = w > cap
+        dropped = (w > cap) | (w < low)
         return torch.where(dropped, torch.zeros_like(w), w), dropped
     raise ValueError(f"off_policy={mode!r}: allowed values are 'decoupled', 'tis', 'none'")
+
+
+def weight_log_ratio(prox_logp: Tensor, behav_logp: Tensor, level: str, seq_lens: Tensor | None = None,
+                     mask: Tensor | None = None) -> Tensor:
+    """log w of each token (detached). token: log pi_prox(t) - log pi_behav(t); sequence: the sum of those
+    over the sample's policy tokens (mask > 0); geometric: their mean. A sample's value repeats on its tokens;
+    above token level it is bounded to +-LOG_RATIO_BOUND (w stays finite).  [n], [n] -> [n]"""
+    log_w = (prox_logp - behav_logp).detach()  # [n]
+    if level == "token":
+        return log_w
+    if level not in ("sequence", "geometric"):
+        raise ValueError(f"correction.level={level!r}: allowed values are 'token', 'sequence', 'geometric'")
+    assert seq_lens is not None, "a sequence-level weight needs the packed sequences' lengths"
+    sums, seq_ids = sequence_sums(log_w, seq_lens, mask)  # [s], [n]
+    if level == "geometric":
+        counts, _ = sequence_sums(torch.ones_like(log_w), seq_lens, mask)  # [s] policy tokens per sample
+        sums = sums / counts.clamp(min=1.0)
+    return sums.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)[seq_ids]
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: float = 10.0) -> Tensor:

@@ -52,8 +52,8 @@ def prepare_batch(batch: records.Batch, cfg: LearnerConfig, rank: int, world_siz
     shape_rewards(seqs, cfg)
     seqs = filter_groups(seqs, accuracy, cfg.resolved_filter_groups)
     metrics["groups_kept"] = float(len({s.group for s in seqs}))
-    if seqs and not adv.is_token_level(cfg.algorithm):
-        set_outcome_advantages(seqs, cfg.algorithm)
+    if seqs and not cfg.recipe.token_level:
+        set_outcome_advantages(seqs, cfg.recipe.advantage)
     metrics.update(staleness_metrics(seqs, version))
     per_rank = split_groups(seqs, world_size, cfg.mini_batches)  # [rank][mini] -> seqs
     constant = float(max((s.max_new_tokens for s in seqs), default=1))
@@ -131,8 +131,9 @@ def filter_groups(seqs: list[SeqRecord], accuracy: torch.Tensor, mode: str) -> l
     return kept
 
 
-def set_outcome_advantages(seqs: list[SeqRecord], algorithm: str) -> None:
-    a = adv.OUTCOME_ADVANTAGES[algorithm](_rewards(seqs), _group_ids(seqs))  # [S]
+def set_outcome_advantages(seqs: list[SeqRecord], advantage: str) -> None:
+    """Each sample's advantage from the recipe's outcome-level estimator (`Recipe.advantage`), in place."""
+    a = adv.estimator(advantage)(_rewards(seqs), _group_ids(seqs))  # [S]
     for s, v in zip(seqs, a.tolist()):
         s.advantage = v
 

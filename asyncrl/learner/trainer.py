@@ -74,7 +74,7 @@ class Trainer:
         self.attn = attention.resolve(cfg.attn_implementation, device)
         torch.manual_seed(seed)
         self.lora: dict[str, lora.LoraLinear] = {}  # module path -> adapter module (lora_rank > 0)
-        self.policy = self._build(model_path, cfg.needs_value_head, trainable=True)
+        self.policy = self._build(model_path, cfg.recipe.value_head, trainable=True)
         self.policy.train()  # every module (from_pretrained leaves the HF model in eval); _update keeps it so
         self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 else None
         # Captured while FSDP2 holds the masters (fp32 DTensors); on one rank the modules' own parameters are the
@@ -123,7 +123,7 @@ class Trainer:
             to_device(list(self._micro_batches(prep)), self.dist.device)
         with stage("old_pass"):
             self._old_pass(prep, batch)
-        if adv.is_token_level(self.cfg.algorithm):
+        if self.cfg.recipe.token_level:
             self._token_advantages(prep)
         stats = StepStats(self.dist.device)
         with stage("update"):
@@ -157,7 +157,7 @@ class Trainer:
         """Quantities of the weights before this step's update, per micro-batch (no grad)."""
         rescored = self._rescore(prep, batch) if self.rescorer is not None and self.cfg.off_policy != "none" else None
         deferred = rescored is None and self._prox_from_update(prep)
-        need_prox = (self.cfg.off_policy != "none" and not deferred and rescored is None) or self.cfg.needs_value_head
+        need_prox = (self.cfg.off_policy != "none" and not deferred and rescored is None) or self.cfg.recipe.value_head
         if need_prox:  # eval() / train() walk every module: ~2 ms of host time before the step's first kernel
             self.policy.eval()
         for mb in self._micro_batches(prep):
@@ -188,11 +188,14 @@ class Trainer:
                 and not (self.cfg.kl_in_reward and self.ref is not None))
 
     def _set_importance(self, mb: MicroBatch) -> None:
+        cfg = self.cfg
         mb.is_weights, mb.is_dropped = losses.importance_weights(
-            mb.old_logp, mb.behav_logp, self.cfg.off_policy, self.cfg.importance_cap)
+            mb.old_logp, mb.behav_logp, cfg.off_policy, cfg.importance_cap, low=cfg.correction.low,
+            level=cfg.correction.level, seq_lens=mb.seq_lens, mask=mb.mask)
 
     def _token_advantages(self, prep: PreparedBatch) -> None:
-        """reinforce_pp / ppo: per-token rewards (+ KL-in-reward) -> returns / GAE, whitened globally."""
+        """Token-level recipes (reinforce_pp, ppo): per-token rewards (+ KL-in-reward) -> returns / GAE, whitened
+        globally."""
         seq_parts: list[tuple[MicroBatch, int, int, int]] = []  # (mb, start, length, seq index)
         for mb in self._micro_batches(prep):
             start = 0
@@ -215,7 +218,7 @@ class Trainer:
                 values[i, :len(t)] = mb.old_values[t].float().cpu()
         rewards = torch.tensor([prep.seqs[p[3]].reward for p in real], dtype=torch.float32)
         token_rewards = adv.outcome_token_rewards(rewards, mask, kl if self.cfg.kl_in_reward else None, self.cfg.kl_coef)
-        fn = adv.TOKEN_ADVANTAGES[self.cfg.algorithm]
+        fn = adv.estimator(self.cfg.recipe.advantage)
         a, ret = fn(token_rewards, mask, values, self.cfg.gamma, self.cfg.gae_lambda, reduce=fsdp.all_reduce)
         for mb in {id(p[0]): p[0] for p in seq_parts}.values():
             mb.advantages = torch.zeros_like(mb.behav_logp)

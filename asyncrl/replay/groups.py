@@ -18,8 +18,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from asyncrl.learner.config import SIGNAL_SPREAD
-from asyncrl.records import Prompt, Sample, SampleState, ScoredSample
+from asyncrl.learner.algorithms import SIGNAL_SPREAD
+from asyncrl.records import Prompt, SampleState, ScoredSample
 from asyncrl.wire import PackedSample
 
 NEVER_STALE = 1 << 62  # min version of an empty response: nothing in it can be stale
@@ -38,7 +38,7 @@ class GroupEntry:
     phase: Phase = Phase.QUEUED
     lease_id: str = ""  # lease holding it while OUT with samples still leased
     states: list[SampleState] = field(default_factory=list)  # [n]
-    samples: list[PackedSample | Sample | None] = field(default_factory=list)  # [n], set once generated (wire bytes)
+    samples: list[PackedSample | None] = field(default_factory=list)  # [n], set once generated (wire bytes)
     min_versions: list[int] = field(default_factory=list)  # [n] oldest token version per sample
     scored: list[ScoredSample | None] = field(default_factory=list)  # [n], set once scored
     checked_min: int = -NEVER_STALE  # highest min_version it was pruned against (skips re-scans)

@@ -116,13 +116,8 @@ def _unpack_counts(c: SampleCounts, v: list[Any]) -> None:
     c.transitions = Counter(transitions)
 
 
-def _pack_sample(s: wire.PackedSample | R.Sample | None) -> list[Any] | None:
-    if s is None:
-        return None
-    if type(s) is not wire.PackedSample:  # a Sample record (tests feed HubState these): its wire form
-        msg = R.SampleBatch(lease_id="", samples=[s])
-        s = wire.decode_packed(wire.encode(msg)).samples[0]
-    return [bytes(s.raw), s.min_version, s.finite]
+def _pack_sample(s: wire.PackedSample | None) -> list[Any] | None:
+    return None if s is None else [bytes(s.raw), s.min_version, s.finite]
 
 
 def _pack_scored(sc: R.ScoredSample | None) -> list[Any] | None:
@@ -175,6 +170,8 @@ def _unpack_scored(sample: wire.PackedSample | None, v: list[Any]) -> R.ScoredSa
     if sample is None:
         raise SnapshotInvalid("a score without its sample")
     reward, components, status, reason = v
+    # The hub's ScoredSample holds the PackedSample that `wire.encode` splices in; the record's annotation is
+    # the Sample the learner decodes (records cannot import wire), hence the ignore (HubState.score builds it so too).
     return R.ScoredSample(sample=sample, reward=reward, components=components, status=R.ScoreStatus(status),  # type: ignore[arg-type]
                           reason=reason)
 

@@ -34,9 +34,7 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from asyncrl.records import Batch, Group, Prompt, Sample, SampleState, ScoredSample, ScoreResult, ScoreStatus
+from asyncrl.records import Batch, Group, Prompt, SampleState, ScoredSample, ScoreResult, ScoreStatus
 from asyncrl.wire import PackedSample
 from asyncrl.replay.batches import BatchBook
 from asyncrl.replay.counts import SampleCounts
@@ -143,10 +141,9 @@ class HubState:
         self._check()
         return entry, [self.groups[pid].prompt for pid in take]
 
-    def add_samples(self, lease_id: str, samples: list[PackedSample] | list[Sample]) -> Outcome:
-        """Generated samples of a lease; anything not leased under it is rejected with a reason.
-
-        The hub passes `PackedSample`s (kept as their wire bytes); tests may pass `Sample`s."""
+    def add_samples(self, lease_id: str, samples: list[PackedSample]) -> Outcome:
+        """Generated samples of a lease (kept as their wire bytes); anything not leased under it is rejected
+        with a reason."""
         out = Outcome()
         entry = self.leases.get(lease_id)
         for s in samples:
@@ -155,7 +152,7 @@ class HubState:
                 out.rejected[reason] += 1
                 continue
             g = self.groups[s.prompt_id]
-            if not _finite_logprobs(s):  # the datum fails (never trained on), the lease goes on
+            if not s.finite:  # the datum fails (never trained on), the lease goes on
                 self._set(g, s.sample_index, S.LEASED, S.FAILED)
                 out.rejected["non_finite_logprobs"] += 1
             else:
@@ -322,7 +319,7 @@ class HubState:
 
     # ------------------------------------------------------------------------------------- helpers
 
-    def _sample_reject_reason(self, entry: LeaseEntry | None, s: PackedSample | Sample) -> str:
+    def _sample_reject_reason(self, entry: LeaseEntry | None, s: PackedSample) -> str:
         if entry is None:
             return "expired_lease"
         g = self.groups.get(s.prompt_id)
@@ -388,21 +385,13 @@ def _failure_event(g: GroupEntry, event: str) -> str:
     return f"eval_{event}" if g.evaluate else f"client_{event}" if g.client else event
 
 
-def _oldest_version(s: PackedSample | Sample) -> int:
+def _oldest_version(s: PackedSample) -> int:
     """Oldest policy version among a sample's tokens (NEVER_STALE for an empty response)."""
-    if type(s) is PackedSample:
-        return NEVER_STALE if s.min_version is None else s.min_version
-    return int(s.versions.min()) if len(s.versions) else NEVER_STALE
+    return NEVER_STALE if s.min_version is None else s.min_version
 
 
 def _is_empty(p: Prompt) -> bool:
     return len(p.token_ids) == 0 if p.token_ids is not None else not p.text
-
-
-def _finite_logprobs(s: PackedSample | Sample) -> bool:
-    if type(s) is PackedSample:
-        return s.finite
-    return bool(np.isfinite(s.logprobs).all())
 
 
 def _finite_reward(r: ScoreResult) -> bool:

@@ -24,6 +24,17 @@ def sample(pid: str, i: int, version: int = 0, tokens: int = 4) -> R.Sample:
     )
 
 
+def packed(samples: list[R.Sample]) -> list[wire.PackedSample]:
+    """Samples as the hub's core takes them: a generator's SampleBatch, encoded, then decoded as the hub does."""
+    return arrive(R.SampleBatch(lease_id="", samples=samples))[1].samples
+
+
+def arrive(msg: Any) -> tuple[bytes, Any]:
+    """A message as the hub receives it: its frame and `wire.decode_packed` of it (what `Journal` takes)."""
+    frame = wire.encode(msg)
+    return frame, wire.decode_packed(frame)
+
+
 def ok(pid: str, i: int, reward: float = 1.0) -> ScoreResult:
     return ScoreResult(prompt_id=pid, sample_index=i, reward=reward)
 
@@ -33,7 +44,7 @@ def bad(pid: str, i: int) -> ScoreResult:
 
 
 def generate_all(state: HubState, lease_id: str, prompts: list[R.Prompt], version: int = 0) -> None:
-    out = state.add_samples(lease_id, [sample(p.prompt_id, i, version) for p in prompts for i in range(p.n)])
+    out = state.add_samples(lease_id, packed([sample(p.prompt_id, i, version) for p in prompts for i in range(p.n)]))
     assert not out.rejected, out.rejected
 
 
@@ -67,11 +78,11 @@ def scripted_run(j: Journal) -> None:
     score (with failures), version, prune, form, commit; then a client's prompts (one fails wholly, one
     stays ready with a failed sample)."""
     sub = R.SubmitPrompts(prompts=[prompt("", n=2, text=f"q{i}") for i in range(6)])
-    j.submit(wire.encode(sub), wire.decode(wire.encode(sub)))
+    j.submit(*arrive(sub))
     lease, ps = j.grant("g0", 3, now=100.0, ttl_s=10.0)
     sb = R.SampleBatch(lease_id=lease.lease_id, samples=[sample(p.prompt_id, i) for p in ps[:2] for i in range(2)]
                        + [sample(ps[2].prompt_id, 0), sample(ps[0].prompt_id, 0)])
-    j.add_samples(wire.encode(sb), wire.decode(wire.encode(sb)))
+    j.add_samples(*arrive(sb))
     j.return_prompts(lease.lease_id, [ps[2].prompt_id])
     lease2, ps2 = j.grant("g1", 2, now=101.0, ttl_s=5.0)
     j.expire(200.0)
@@ -80,20 +91,20 @@ def scripted_run(j: Journal) -> None:
     j.prune_stale(1)
     lease3, ps3 = j.grant("g2", 4, now=300.0, ttl_s=50.0)
     sb3 = R.SampleBatch(lease_id=lease3.lease_id, samples=[sample(p.prompt_id, i, version=3) for p in ps3 for i in range(2)])
-    j.add_samples(wire.encode(sb3), wire.decode(wire.encode(sb3)))
+    j.add_samples(*arrive(sb3))
     j.score([ok(p.prompt_id, i) for p in ps3 for i in range(2)])
     j.form_batch(1, 2)
     j.form_batch(2, 2)
     j.commit(1)
     csub = R.SubmitPrompts(prompts=[prompt("c0", n=2), prompt("c1", n=2)], watch=True)
-    j.submit(wire.encode(csub), wire.decode(wire.encode(csub)))
+    j.submit(*arrive(csub))
     lease4, ps4 = j.grant("g3", 2, now=400.0, ttl_s=50.0)
     sb4 = R.SampleBatch(lease_id=lease4.lease_id, samples=[sample(p.prompt_id, i, version=3) for p in ps4 for i in range(2)])
-    j.add_samples(wire.encode(sb4), wire.decode(wire.encode(sb4)))
+    j.add_samples(*arrive(sb4))
     j.score([bad("c0", 0), bad("c0", 1), ok("c1", 0), bad("c1", 1)])
     esub = R.SubmitPrompts(prompts=[prompt(f"e{i}", n=1) for i in range(3)], watch=True, evaluate=True)
-    j.submit(wire.encode(esub), wire.decode(wire.encode(esub)))
+    j.submit(*arrive(esub))
     lease5, ps5 = j.grant("g4", 2, now=500.0, ttl_s=50.0)  # e0, e1: evaluation prompts go first
     sb5 = R.SampleBatch(lease_id=lease5.lease_id, samples=[sample(p.prompt_id, 0, version=3) for p in ps5])
-    j.add_samples(wire.encode(sb5), wire.decode(wire.encode(sb5)))
+    j.add_samples(*arrive(sb5))
     j.score([ok(ps5[0].prompt_id, 0)])  # e0 done and forgotten; e1 waits for its score, e2 stays queued

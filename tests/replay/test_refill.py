@@ -3,7 +3,7 @@ batch is formed, free their admission slot, are accounted as filtered, and a res
 
 from __future__ import annotations
 
-from replay_fakes import bad, fingerprint, ok, prompt, sample
+from replay_fakes import arrive, bad, fingerprint, ok, packed, prompt, sample
 
 from asyncrl import records as R
 from asyncrl import wire
@@ -21,7 +21,7 @@ def scored(st: HubState, rewards: dict[str, list[float | None]]) -> None:
     """Submit, lease, generate and score one group per entry; None scores that sample as failed."""
     st.submit([prompt(pid, n=len(rs)) for pid, rs in rewards.items()])
     lease, ps = st.grant("g", len(rewards), now=0.0, ttl_s=10.0)
-    st.add_samples(lease.lease_id, [sample(p.prompt_id, i) for p in ps for i in range(p.n)])
+    st.add_samples(lease.lease_id, packed([sample(p.prompt_id, i) for p in ps for i in range(p.n)]))
     st.score([bad(pid, i) if r is None else ok(pid, i, reward=r) for pid, rs in rewards.items()
               for i, r in enumerate(rs)])
 
@@ -60,10 +60,10 @@ def test_a_restart_replays_the_filter(tmp_path):
     path = tmp_path / "replay.log"
     j = Journal.open(path)
     sub = R.SubmitPrompts(prompts=[prompt(p, n=2) for p in "abc"])
-    j.submit(wire.encode(sub), wire.decode(wire.encode(sub)))
+    j.submit(*arrive(sub))
     lease, ps = j.grant("g", 3, now=0.0, ttl_s=10.0)
     sb = R.SampleBatch(lease_id=lease.lease_id, samples=[sample(p.prompt_id, i) for p in ps for i in range(2)])
-    j.add_samples(wire.encode(sb), wire.decode(wire.encode(sb)))
+    j.add_samples(*arrive(sb))
     j.score([ok("a", 0), ok("a", 1, 0.0), ok("b", 0), ok("b", 1), ok("c", 0, 0.0), ok("c", 1)])
     assert j.filter_uniform() == 1 and j.filter_uniform() == 0
     j.form_batch(1, 2)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from replay_fakes import bad, generate_all, ok, prompt, sample, score_all
+from replay_fakes import bad, generate_all, ok, packed, prompt, sample, score_all
 
 from asyncrl.records import SampleState as S
 from asyncrl.replay.state import HubState
@@ -51,12 +51,12 @@ def test_expired_lease_requeues_at_front_in_order_and_rejects_late_samples():
     st = HubState()
     st.submit([prompt(f"p{i}") for i in range(4)])
     lease, _ = st.grant("g", 2, now=0.0, ttl_s=5.0)
-    st.add_samples(lease.lease_id, [sample("p0", 0)])
+    st.add_samples(lease.lease_id, packed([sample("p0", 0)]))
     assert st.expire(4.9) == 0
     assert st.expire(5.0) == 2
     assert list(st.queue) == ["p0", "p1", "p2", "p3"]
     assert st.counts.by_state[S.GENERATED] == 1 and st.counts.by_state[S.QUEUED] == 7
-    late = st.add_samples(lease.lease_id, [sample("p0", 1)])
+    late = st.add_samples(lease.lease_id, packed([sample("p0", 1)]))
     assert late.rejected == {"expired_lease": 1}
     assert st.events["rejected_samples"] == 1 and st.counts.lost == 0
 
@@ -65,10 +65,10 @@ def test_releasing_a_prompt_after_partial_generation_only_regenerates_missing_sa
     st = HubState()
     st.submit([prompt("p0", n=3)])
     lease, _ = st.grant("g", 1, now=0.0, ttl_s=5.0)
-    st.add_samples(lease.lease_id, [sample("p0", 0)])
+    st.add_samples(lease.lease_id, packed([sample("p0", 0)]))
     assert st.return_prompts(lease.lease_id, ["p0"]) == 1
     lease2, _ = st.grant("g", 1, now=1.0, ttl_s=5.0)
-    out = st.add_samples(lease2.lease_id, [sample("p0", i) for i in range(3)])
+    out = st.add_samples(lease2.lease_id, packed([sample("p0", i) for i in range(3)]))
     assert out.rejected == {"duplicate": 1} and len(out.accepted) == 2
     assert len(st.leases) == 0 and st.counts.by_state[S.GENERATED] == 3
 
@@ -78,7 +78,8 @@ def test_duplicates_and_foreign_samples_are_rejected_and_never_double_counted():
     st.submit([prompt("a"), prompt("b")])
     la, _ = st.grant("g", 1, now=0.0, ttl_s=5.0)
     lb, _ = st.grant("h", 1, now=0.0, ttl_s=5.0)
-    out = st.add_samples(la.lease_id, [sample("a", 0), sample("a", 0), sample("b", 0), sample("a", 7), sample("z", 0)])
+    sent = [sample("a", 0), sample("a", 0), sample("b", 0), sample("a", 7), sample("z", 0)]
+    out = st.add_samples(la.lease_id, packed(sent))
     assert out.rejected == {"duplicate": 1, "not_in_lease": 1, "bad_index": 1, "unknown_prompt": 1}
     assert st.counts.by_state[S.GENERATED] == 1
     assert st.score([ok("a", 0), ok("a", 0), ok("a", 1)]).rejected == {"not_generated": 2}
@@ -125,7 +126,7 @@ def test_stale_drop_uses_oldest_token_version_and_is_reported_in_the_batch():
     lease, _ = st.grant("g", 2, now=0.0, ttl_s=5.0)
     mixed = sample("a", 0, version=3)
     mixed.versions[0] = 1  # partial rollout: first token from version 1
-    st.add_samples(lease.lease_id, [mixed, sample("a", 1, 3), sample("b", 0, 3), sample("b", 1, 3)])
+    st.add_samples(lease.lease_id, packed([mixed, sample("a", 1, 3), sample("b", 0, 3), sample("b", 1, 3)]))
     st.score([ok("a", 0), ok("a", 1), ok("b", 0), ok("b", 1)])
     st.set_version(4)
     assert st.prune_stale(min_version=4 - 2) == 1  # max_staleness 2: version 1 < 2 is dropped
