@@ -101,10 +101,10 @@ class HubPeer:
                 self.reconnects += 1
 
     def _attempt(self, msg: Any, frame: bytes) -> Any:
-        self.sock.send(frame, copy=False)
         budget = self.timeout_s + float(getattr(msg, "wait_s", 0.0))
         sent = time.monotonic()
         deadline = sent + budget
+        self._send(msg, frame, sent, deadline)
         while True:
             reply = self._recv_until(min(deadline, time.monotonic() + _SLICE_S))
             if reply is None:
@@ -124,6 +124,22 @@ class HubPeer:
                 self.reject("wrong_type", f"{type(reply).__name__} does not answer {type(msg).__name__}")
                 continue
             return reply
+
+    def _send(self, msg: Any, frame: bytes, sent: float, deadline: float) -> None:
+        """Queue `frame` without blocking: a DEALER with no live connection (refused at the handshake, or never
+        made) has nowhere to queue it, and a plain send would then wait forever."""
+        while True:
+            try:
+                self.sock.send(frame, copy=False, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                now = time.monotonic()
+                if now >= deadline or (self.give_up() and now - sent >= STOPPING_GRACE_S):
+                    self.sock.close(linger=0)
+                    self.sock = self._connect()
+                    raise TimeoutError(f"could not send {type(msg).__name__} to the hub at {self.endpoint} within "
+                                       f"{now - sent:.1f}s (no connection)") from None
+                self.sock.poll(int(_SLICE_S * 1000), zmq.POLLOUT)
 
     def receive(self, timeout_s: float = 0.0) -> Any | None:
         """Next message the hub pushed unasked (a Completion), or None after `timeout_s`."""
