@@ -50,7 +50,11 @@ def test_checkpoint_interval_beyond_the_hubs_commit_window_is_refused_at_load():
     from asyncrl.config.run import load_run_config
 
     with pytest.raises(ConfigError) as e:
-        load_run_config(None, ["learner.steps=100", "learner.checkpoint_every=100"])
+        load_run_config(None, ["learner.steps=300", "learner.checkpoint_every=100"])
     assert "learner.checkpoint_every=100" in str(e.value) and "hub.max_uncommitted_steps >= 201" in str(e.value)
     cfg = load_run_config(None, ["learner.checkpoint_every=100", "hub.max_uncommitted_steps=201"])
     assert cfg.hub.max_uncommitted_steps == 201
+    # a run no longer than one interval writes only its final checkpoint: all its steps fit the window
+    assert load_run_config(None, ["learner.steps=10", "learner.checkpoint_every=100"]).learner.checkpoint_every == 100
+    with pytest.raises(ConfigError, match="hub.max_uncommitted_steps >= 130"):
+        load_run_config(None, ["learner.steps=129", "learner.checkpoint_every=200"])

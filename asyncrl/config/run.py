@@ -48,7 +48,9 @@ class RunConfig:
                 "SGLang server rounds its residual stream to the compute dtype, and the learner must compute what "
                 "the generator does; set model.residual_fp32 = false"
             )
-        need = 2 * self.learner.checkpoint_every + 1  # commits trail a background write by up to 2 intervals
+        # Commits trail a background write by up to 2 intervals; a run no longer than one interval only ever
+        # writes its final checkpoint, so it holds at most all its steps uncommitted.
+        need = min(2 * self.learner.checkpoint_every + 1, self.learner.steps + 1)
         if self.hub.max_uncommitted_steps < need:
             raise ValueError(
                 f"learner.checkpoint_every={self.learner.checkpoint_every} needs hub.max_uncommitted_steps >= {need} "
