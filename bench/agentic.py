@@ -3,17 +3,21 @@
 The generator worker drives the torch engine with the MultiTurn rollout over a simulated tool: every model turn
 (fixed length, EOS ignored) is answered after `tool_ms` by `--obs-tokens` random tokens, for `--turns` turns.
 All `--episodes` are in flight at once (generator.rollout.max_episodes) over `--episodes / --oversubscribe` engine
-rows (max_running): while some wait on their tool, the others fill the rows. One JSON line per tool latency:
+rows (max_running): while some wait on their tool, the others fill the rows. Each tool latency runs with the
+engine's prefix cache off and on (`--prefix-cache`), one JSON line each:
 
     python -m bench.agentic                                     # 0.5B shape, 256 episodes on 128 rows, 4 turns, 0/50/200 ms
     python -m bench.agentic --shape tiny --device cpu --episodes 16 --turns 2 --turn-tokens 8 --tool-ms 0,20
 
-    tokens_per_s         model tokens over the run's wall time (the engine's output rate)
-    vs_no_tool           tokens_per_s / the first latency's figure (0 ms by default) of the same run
-    engine_idle_frac     wall time the engine had no work (every live episode waiting on its tool)
-    prefill_frac         tokens prefilled for turns 2.. / their history length (1.0: the history is prefilled
-                         again every turn; the torch engine keeps no KV between turns yet)
-    episodes_per_s, env_time_s (mean per episode)
+    tokens_per_s             model tokens over the run's wall time (the engine's output rate)
+    vs_no_tool               tokens_per_s / the first latency's figure (0 ms by default), same prefix-cache setting
+    engine_idle_frac         wall time the engine had no work (every live episode waiting on its tool)
+    history_tokens_per_turn  mean context of the turns 2.. (what the engine prefills without a prefix cache)
+    prefill_tokens_per_turn  mean tokens it prefilled for them (with the cache: the last model token, the
+                             environment's tokens and the partial page before them)
+    prefill_frac             their ratio; prefix_cache_hit_tokens: tokens the cache served (the whole run)
+    vs_no_cache              with the cache: {prefill_tokens, tokens_per_s} / the same latency's figures without it
+    turns, episodes_per_s, env_time_s (means per episode)
 """
 
 from __future__ import annotations
@@ -101,17 +105,18 @@ class IdTokenizer:
         return ""
 
 
-def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int) -> dict[str, Any]:
+def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int, prefix_cache: bool) -> dict[str, Any]:
     max_len = prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
     rows = max(1, int(args.episodes / args.oversubscribe))  # the engine's max_running; the rest wait their turn
-    engine = Metered(make_engine(hf, rows, max_len))
+    engine = Metered(make_engine(hf, rows, max_len, prefix_cache=prefix_cache))
     rng = np.random.default_rng(0)
     sampling = R.SamplingParams(max_new_tokens=args.turn_tokens, ignore_eos=True, temperature=1.0)
     groups = args.episodes // args.group
     prompts = [R.Prompt(prompt_id=f"p{i}", n=args.group, token_ids=rng.integers(0, VOCAB, prompt_len).astype(np.int32),
                         sampling=sampling) for i in range(groups)]
     hub = LocalHub(prompts)
-    cfg = RolloutConfig(environment="bench:SlowTool", max_turns=args.turns, step_timeout_s=60.0)
+    cfg = RolloutConfig(environment="bench:SlowTool", max_turns=args.turns, step_timeout_s=60.0,
+                        max_total_tokens=args.turns * (args.turn_tokens + args.obs_tokens))  # room for every turn
     rollout = MultiTurn(cfg, lambda: SlowTool(tool_ms, args.obs_tokens, args.turns, seed=1), IdTokenizer(), VOCAB)
     worker = GeneratorWorker(name="bench", engine=engine, hub=hub, tokenizer=IdTokenizer(), max_running=args.episodes,
                              group_size=args.group, rollout=rollout)
@@ -120,14 +125,24 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int)
         worker.run_once()
     wall = time.perf_counter() - start
     rollout.close()
-    continued = [length for rid, length in engine.prompts if "#t1" not in rid]
-    return {"tool_ms": tool_ms, "episodes": len(hub.samples), "engine_rows": rows, "turns": args.turns,
-            "wall_s": round(wall, 3),
+    return {"tool_ms": tool_ms, "prefix_cache": prefix_cache, "episodes": len(hub.samples), "engine_rows": rows,
+            "turns": float(np.mean([s.rollout["turns"] for s in hub.samples])), "wall_s": round(wall, 3),
             "tokens_per_s": round(engine.tokens / wall, 1), "engine_idle_frac": round(1 - engine.busy_s / wall, 3),
-            "prefill_frac": 1.0 if continued else None,
-            "prefill_tokens_per_turn": round(float(np.mean(continued)), 1) if continued else 0.0,
-            "episodes_per_s": round(len(hub.samples) / wall, 2),
+            **prefill_figures(engine), "episodes_per_s": round(len(hub.samples) / wall, 2),
             "env_time_s": round(float(np.mean([s.rollout["env_time_s"] for s in hub.samples])), 3)}
+
+
+def prefill_figures(engine: Metered) -> dict[str, Any]:
+    """What turns 2.. prefilled against their contexts: the engine's prefill tokens minus the first turns' (each
+    first turn's n samples share one prefill of the prompt, which no cache hit shortens: random prompts)."""
+    stats, preempted = engine.stats(), engine.scheduler.num_preemptions
+    continued = [length for rid, length in engine.prompts if "#t1" not in rid]
+    first = sum(length for rid, length in engine.prompts if "#t1" in rid)
+    prefilled = (stats.prefill_tokens - first) / len(continued) if continued else 0.0
+    history = float(np.mean(continued)) if continued else 0.0
+    return {"history_tokens_per_turn": round(history, 1), "prefill_tokens_per_turn": round(prefilled, 1),
+            "prefill_frac": round(prefilled / history, 3) if history else None, "prefill_tokens": stats.prefill_tokens,
+            "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens, "preemptions": preempted}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tool-ms", default="0,50,200")
     p.add_argument("--oversubscribe", type=float, default=2.0,
                    help="episodes in flight per engine row (generator.rollout.max_episodes / max_running)")
+    p.add_argument("--prefix-cache", default="0,1", help="engine prefix cache settings to run, in turn (0 off, 1 on)")
     args = p.parse_args(argv)
     if args.episodes % args.group:
         p.error(f"--episodes {args.episodes} must be a multiple of --group {args.group}")
@@ -151,14 +167,21 @@ def main(argv: list[str] | None = None) -> int:
     hf = build_hf(args.shape, max_len, dtype=dtype, device=args.device)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     latencies = [float(x) for x in args.tool_ms.split(",")]
-    run_case(args, hf, latencies[0], args.prompt_len)  # warm-up (kernels, allocator), not reported
-    base = None
+    caches = [bool(int(x)) for x in args.prefix_cache.split(",")]
+    run_case(args, hf, latencies[0], args.prompt_len, caches[0])  # warm-up (kernels, allocator), not reported
+    base: dict[bool, float] = {}
     for ms in latencies:
-        row = run_case(args, hf, ms, args.prompt_len)
-        base = base or row["tokens_per_s"]
-        row.update(vs_no_tool=round(row["tokens_per_s"] / base, 3), shape=args.shape, device=args.device,
-                   prompt_len=args.prompt_len, turn_tokens=args.turn_tokens, obs_tokens=args.obs_tokens, commit=commit)
-        print(json.dumps(row), flush=True)
+        off = None
+        for cache in caches:
+            row = run_case(args, hf, ms, args.prompt_len, cache)
+            base.setdefault(cache, row["tokens_per_s"])
+            row.update(vs_no_tool=round(row["tokens_per_s"] / base[cache], 3), shape=args.shape, device=args.device,
+                       prompt_len=args.prompt_len, turn_tokens=args.turn_tokens, obs_tokens=args.obs_tokens,
+                       commit=commit)
+            if cache and off is not None:
+                row["vs_no_cache"] = {k: round(row[k] / off[k], 3) for k in ("prefill_tokens", "tokens_per_s")}
+            off = row if not cache else off
+            print(json.dumps(row), flush=True)
     return 0
 
 

@@ -1,7 +1,7 @@
 """python -m bench.decode_attention [--batch 256] [--context 384] [--max-len 512] [--chunk 128] [--dtype bf16]
 
 GPU time of one layer's decode attention over the paged KV cache: the one-pass Triton kernel
-(`triton_attention.decode_attention_single`) against the split-context one (`decode_attention_split`), at the
+(`kernels.attention.decode_attention_single`) against the split-context one (`decode_attention_split`), at the
 Qwen2-0.5B attention shape by default (14 query heads, 2 KV heads, head_dim 64, 16-token pages).
 
 Rows get contexts spread evenly over [context / 2, 3 * context / 2] (capped at --max-len), the mean
@@ -85,13 +85,14 @@ def main() -> None:
     p.add_argument("--uniform", action="store_true",
                    help="every row at --context (as in a batch of equal prompts decoding in step)")
     p.add_argument("--skew", type=int, default=0, help="interleaved layout: stride of a row's blocks minus the batch")
-    p.add_argument("--chunk", type=int, default=0, help="tokens per split (default: triton_attention.SPLIT_CHUNK)")
+    p.add_argument("--chunk", type=int, default=0, help="tokens per split (default: kernels.attention.SPLIT_CHUNK)")
     p.add_argument("--layers", type=int, default=24,
                    help="layers of KV cache the calls cycle through (1: every call reads the same cache)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--calls", type=int, default=48, help="calls captured in one graph")
     p.add_argument("--replays", type=int, default=20)
-    p.add_argument("--warps", type=int, default=0, help="warps of the split kernel (default: triton_attention.DECODE_WARPS)")
+    p.add_argument("--warps", type=int, default=0,
+                   help="warps of the split kernel (default: kernels.attention.DECODE_WARPS)")
     p.add_argument("--sweep", action="store_true",
                    help="also time the split kernel over chunk x tile x warps x stages (one JSON line each, fastest last)")
     p.add_argument("--sweep-chunks", type=lambda v: [int(c) for c in v.split(",")], default=[128, 256, 512],
@@ -99,15 +100,15 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench.decode_attention times Triton kernels on a CUDA GPU: no CUDA device found")
-    from asyncrl.engine.torch import triton_attention, triton_ops
+    from asyncrl.engine.torch import kernels
 
-    if not triton_ops.HAS_TRITON:
+    if not kernels.ops.HAS_TRITON:
         raise SystemExit("bench.decode_attention needs Triton (it ships with CUDA builds of torch): not importable")
     import triton
 
     torch.manual_seed(0)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    chunk = args.chunk or triton_attention.SPLIT_CHUNK
+    chunk = args.chunk or kernels.attention.SPLIT_CHUNK
     width = -(-args.max_len // args.page)
     tables = block_tables(args.layout, args.batch, width, args.skew)
     num_blocks = int(tables.max()) + 1
@@ -115,10 +116,10 @@ def main() -> None:
     lens = contexts(args.batch, args.context, args.max_len, args.uniform).cuda()
     q = torch.randn(args.batch, args.heads, args.head_dim, device="cuda", dtype=dtype)
     scale = args.head_dim**-0.5
-    single = graph_ms(lambda: triton_attention.decode_attention_single(q, *caches.next(), tables, lens, scale),
+    single = graph_ms(lambda: kernels.attention.decode_attention_single(q, *caches.next(), tables, lens, scale),
                       args.calls, args.replays)
-    warps = args.warps or triton_attention.DECODE_WARPS
-    split = graph_ms(lambda: triton_attention.decode_attention_split(q, *caches.next(), tables, lens, scale, chunk,
+    warps = args.warps or kernels.attention.DECODE_WARPS
+    split = graph_ms(lambda: kernels.attention.decode_attention_split(q, *caches.next(), tables, lens, scale, chunk,
                                                                num_warps=warps), args.calls, args.replays)
     kv_bytes = int(lens.sum()) * 2 * args.kv_heads * args.head_dim * caches.element_size
     print(json.dumps({
@@ -152,7 +153,7 @@ class Caches:
 
 
 def sweep(q, caches, tables, lens, scale, args) -> None:
-    from asyncrl.engine.torch import triton_attention
+    from asyncrl.engine.torch import kernels
 
     rows = []
     for chunk in args.sweep_chunks:
@@ -161,7 +162,7 @@ def sweep(q, caches, tables, lens, scale, args) -> None:
                 for stages in (1, 2, 3):
                     if chunk % block_n:
                         continue
-                    ms = graph_ms(lambda: triton_attention.decode_attention_split(
+                    ms = graph_ms(lambda: kernels.attention.decode_attention_split(
                         q, *caches.next(), tables, lens, scale, chunk, block_n=block_n, num_warps=warps,
                         num_stages=stages), args.calls, args.replays)
                     rows.append({"chunk": chunk, "block_n": block_n, "warps": warps, "stages": stages,

@@ -191,8 +191,8 @@ def profile_parts(eng, batch: int, ctx: int) -> dict:
     """Milliseconds of the decode step's parts at `batch` rows (eager launches, median of repeats)."""
     import triton.testing
 
-    from asyncrl.engine.torch import triton_attention
-    from asyncrl.engine.torch.triton_sampler import sample_fused
+    from asyncrl.engine.torch import kernels
+    from asyncrl.engine.torch.kernels.sampler import sample_fused
 
     cfg, dev = eng.arch, eng.device
     h = torch.randn(batch, cfg.hidden_size, device=dev, dtype=eng.dtype)
@@ -214,7 +214,7 @@ def profile_parts(eng, batch: int, ctx: int) -> dict:
         "sampler_ms": bench(lambda: sample_fused(logits, temps, seeds, seeds)),
         "lm_head_ms": bench(lambda: eng.model.compute_logits(h, fp32=False)),
         "attention_layer_ms": bench(
-            lambda: triton_attention.decode_attention(q, k_cache, v_cache, tables, lens, cfg.head_dim**-0.5)),
+            lambda: kernels.attention.decode_attention(q, k_cache, v_cache, tables, lens, cfg.head_dim**-0.5)),
         "mlp_layer_ms": bench(lambda: layer.mlp(mlp_in)),
         "qkv_o_proj_ms": bench(lambda: (layer.self_attn.project(mlp_in), layer.self_attn.o_proj(mlp_in))),
         "profile_ctx": ctx,
@@ -338,7 +338,7 @@ def main() -> None:
     parser.add_argument("--rl-n", type=int, default=8, help="samples per prompt")
     parser.add_argument("--rl-max-new", type=int, default=1024)
     parser.add_argument("--pdl", default="", help="comma list of programmatic dependent launch settings to run in "
-                        "turn (triton_ops.PDL: 0 off, 1 on); default: the engine's")
+                        "turn (kernels.ops.PDL: 0 off, 1 on); default: the engine's")
     parser.add_argument("--dtypes", default="bfloat16", help="comma list of model dtypes to run in turn "
                         "(bfloat16, float16)")
     parser.add_argument("--residual-fp32", default="0", help="comma list of 0/1: model.residual_fp32 settings "
@@ -356,17 +356,17 @@ def main() -> None:
                   flush=True)
         return
     require_cuda("bench.generation")
-    from asyncrl.engine.torch import triton_ops
+    from asyncrl.engine.torch import kernels
 
     bw = copy_bandwidth()
-    modes = [bool(int(m)) for m in args.pdl.split(",")] if args.pdl else [triton_ops.PDL]
+    modes = [bool(int(m)) for m in args.pdl.split(",")] if args.pdl else [kernels.ops.PDL]
     residual = [bool(int(r)) for r in args.residual_fp32.split(",")]
     logits32 = [bool(int(r)) for r in args.logits_fp32.split(",")]
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for _ in range(args.repeats):
                 for mode, dtype, r32, l32 in itertools.product(modes, args.dtypes.split(","), residual, logits32):
-                    triton_ops.PDL = mode
+                    kernels.ops.PDL = mode
                     row = bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
                                      args.deterministic, False if args.no_overlap else None, args.trace,
                                      args.max_prefill_tokens, args.kv_block_size, dtype, r32, l32)

@@ -1,4 +1,4 @@
-"""python -m bench.weight_sync [--shape 0.5b] [--pushes 5] [--bucket-mb 256] [--window 2]
+"""python -m bench.weight_sync [--shape 0.5b] [--pushes 5] [--bucket-mb 256] [--window 2] [--lora-rank 16]
 
 Pushes a random model's weights (bf16 on GPU, fp32 on CPU) from a learner-side WeightSender to one
 generator process (a receiver whose engine copies every tensor into its own preallocated parameters),
@@ -13,6 +13,11 @@ back, and all bytes as one broadcast; the faster one is `reference_gbps`.
 
 Prints one JSON line: push_gbps (median over pushes after the first), reference_gbps, their ratio,
 phase times of the median push, shape, bytes, path, device, commit.
+
+With --lora-rank R it compares instead, in one run to one generator, LoRA's two pushes with every projection
+targeted: "merged" (the whole model, W + scale * B @ A computed by the learner) and "adapter" (A and B only,
+fp32; the generator merges them from its pristine base with the torch engine's own code, adapter_merge.py).
+One JSON line: bytes and the median push's phase times of each, and the merged / adapter ratios.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ import time
 
 import torch
 import torch.multiprocessing as mp
+from torch import nn
+
+from asyncrl.engine.torch.adapter_merge import AdapterMerge, LoraSpec, merge
 
 from asyncrl.engine.protocol import EngineStats
 from asyncrl.weights.bucket import iter_buckets
@@ -83,6 +91,115 @@ class SinkEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(running=0, waiting=0, tokens_generated=0, weight_version=self.weight_version)
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_SCALE = 2.0  # alpha = 2 r
+
+
+def sink_model(shape: str, device: str, dtype: torch.dtype) -> nn.Module:
+    """The shape's parameters under their HF names, the projections as nn.Linear (what AdapterMerge looks for)."""
+    root = nn.Module()
+    for name, size in named_shapes(shape):
+        path, _, leaf = name.rpartition(".")
+        owner = root
+        for i, part in enumerate(parts := path.split(".")):
+            if not hasattr(owner, part):
+                last = i == len(parts) - 1 and part in LORA_TARGETS
+                owner.add_module(part, nn.utils.skip_init(nn.Linear, size[1], size[0], bias=False, device=device,
+                                                          dtype=dtype) if last else nn.Module())
+            owner = getattr(owner, part)
+        if not hasattr(owner, leaf):
+            owner.register_parameter(leaf, nn.Parameter(torch.empty(size, device=device, dtype=dtype)))
+    return root.requires_grad_(False)
+
+
+class LoraSinkEngine(SinkEngine):
+    """A SinkEngine whose updates from `adapters_from` on are adapter-only: merged from a pristine base by
+    AdapterMerge, as the torch engine does."""
+
+    def __init__(self, model: nn.Module, adapters_from: int) -> None:
+        super().__init__(dict(model.named_parameters()))
+        self.model, self.adapters_from = model, adapters_from
+        self.merge = AdapterMerge(model, LoraSpec(LORA_TARGETS, LORA_SCALE))
+
+    def load_weights(self, named) -> None:
+        items = list(self.merge.take(named) if self.updates >= self.adapters_from else named)
+        if items:  # an adapter bucket leaves nothing for the model itself
+            super().load_weights(items)
+
+    def end_weight_update(self, version: int) -> None:
+        if self.updates >= self.adapters_from:
+            self.merge.apply(self.model)
+        super().end_weight_update(version)
+
+
+def lora_receiver_main(endpoint: str, device: str, shape: str, dtype: str, pushes: int) -> None:
+    engine = LoraSinkEngine(sink_model(shape, device, getattr(torch, dtype)), adapters_from=pushes)
+    rx = WeightReceiver(endpoint, "bench-generator", device, engine)
+    deadline = time.monotonic() + 600
+    while engine.updates < 2 * pushes and time.monotonic() < deadline:
+        rx.poll(0.05)
+    rx.close()
+
+
+def lora_adapters(weights: list[tuple[str, torch.Tensor]], rank: int) -> dict[str, torch.Tensor]:
+    """fp32 A [r, in], B [out, r] beside every projection (the learner's masters)."""
+    out = {}
+    for name, w in weights:
+        path = name.rpartition(".")[0]
+        if path.rsplit(".", 1)[-1] in LORA_TARGETS:
+            out[f"{path}.lora_A"] = torch.randn(rank, w.shape[1], device=w.device) / w.shape[1] ** 0.5
+            out[f"{path}.lora_B"] = torch.randn(w.shape[0], rank, device=w.device) * 1e-3
+    return out
+
+
+def merged_stream(weights: list[tuple[str, torch.Tensor]], adapters: dict[str, torch.Tensor]):
+    """The merged push's stream, as lora.merged_tensors makes it (cast here to the generators' dtype)."""
+    for name, w in weights:
+        path = name.rpartition(".")[0]
+        if f"{path}.lora_A" in adapters:
+            yield name, merge(w, adapters[f"{path}.lora_A"], adapters[f"{path}.lora_B"], LORA_SCALE).to(w.dtype)
+        else:
+            yield name, w
+
+
+def lora_main(args, learner_dev: str, gen_dev: str, path: str, dtype: str, gpus: int) -> None:
+    """Merged vs adapter-only LoRA pushes to one generator, in one run (module docstring)."""
+    torch.manual_seed(0)
+    weights = [(n, torch.randn(s, device=learner_dev, dtype=getattr(torch, dtype)) * 0.02)
+               for n, s in named_shapes(args.shape)]
+    adapters = lora_adapters(weights, args.lora_rank)
+    sender = WeightSender("tcp://127.0.0.1:0", device=learner_dev, bucket_bytes=args.bucket_mb << 20, timeout_s=120,
+                          window=args.window)  # dtype None: each stream is in the dtype it travels in
+    pushes = args.pushes + 1  # the first of each kind is a warm-up
+    proc = mp.get_context("spawn").Process(target=lora_receiver_main,
+                                           args=(sender.endpoint, gen_dev, args.shape, dtype, pushes))
+    proc.start()
+    sender.wait_for_joins(1, 120)
+    sender.serve_joins(lambda: iter(()), 0)
+    merged = [sender.push(merged_stream(weights, adapters), v).as_dict() for v in range(1, pushes + 1)]
+    adapter = [sender.push(iter(adapters.items()), v, admit=False).as_dict() for v in range(pushes + 1, 2 * pushes + 1)]
+    sender.close()
+    proc.join(120)
+
+    def median(reports: list[dict]) -> dict:
+        mid = sorted(reports[1:], key=lambda r: r["total_s"])[len(reports[1:]) // 2]
+        assert mid["generators"] == ["bench-generator"], mid
+        return {k: v for k, v in mid.items() if k == "bytes" or k.endswith("_s")}
+
+    m, a = median(merged), median(adapter)
+    params = sum(t.numel() for _, t in weights)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(json.dumps({
+        "bench": "weight_sync_lora", "path": path, "shape": args.shape, "params": params, "dtype": dtype,
+        "lora_rank": args.lora_rank, "targets": list(LORA_TARGETS), "bucket_mb": args.bucket_mb,
+        "merged": m, "adapter": a, "bytes_ratio": round(m["bytes"] / a["bytes"], 1),
+        "total_s_ratio": round(m["total_s"] / a["total_s"], 1),
+        "paused_s_ratio": round(m["paused_s"] / a["paused_s"], 1),
+        "pushes": args.pushes, "device": torch.cuda.get_device_name(0) if gpus else "cpu", "gpus": gpus,
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "commit": commit,
+    }))
 
 
 def receiver_main(endpoint: str, device: str, shape: str, dtype: str, pushes: int, ref: tuple[int, int, str]) -> None:
@@ -148,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pushes", type=int, default=5)
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--window", type=int, default=3, help="buckets in flight per push (WeightSender.window)")
+    p.add_argument("--lora-rank", type=int, default=0, help="> 0: LoRA's merged vs adapter-only pushes (docstring)")
     args = p.parse_args(argv)
     gpus = torch.cuda.device_count()
     learner_dev, gen_dev = ("cuda:0", "cuda:1") if gpus >= 2 else ("cuda:0", "cuda:0") if gpus == 1 else ("cpu", "cpu")
@@ -155,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     dtype = "bfloat16" if gpus else "float32"
     bucket = args.bucket_mb << 20
     ref_backend = {"nccl": "nccl", "gloo": "gloo"}.get(path)
+    if args.lora_rank > 0:
+        return lora_main(args, learner_dev, gen_dev, path, dtype, gpus)
     torch.manual_seed(0)
     weights = [(n, torch.randn(s, device=learner_dev, dtype=getattr(torch, dtype)) * 0.02) for n, s in named_shapes(args.shape)]
     nbytes = sum(t.numel() * t.element_size() for _, t in weights)

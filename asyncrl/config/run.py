@@ -48,6 +48,11 @@ class RunConfig:
                 "SGLang server rounds its residual stream to the compute dtype, and the learner must compute what "
                 "the generator does; set model.residual_fp32 = false"
             )
+        if self.learner.lora_rank and self.learner.lora_push == "adapter" and self.generator.engine != "torch":
+            raise ValueError(
+                f"learner.lora_push='adapter' needs generator.engine='torch' (now {self.generator.engine!r}): the "
+                "SGLang adapter takes merged weights only; set learner.lora_push = \"merged\" or \"auto\""
+            )
         # Commits trail a background write by up to 2 intervals; a run no longer than one interval only ever
         # writes its final checkpoint, so it holds at most all its steps uncommitted.
         need = min(2 * self.learner.checkpoint_every + 1, self.learner.steps + 1)
@@ -57,6 +62,15 @@ class RunConfig:
                 f"(now {self.hub.max_uncommitted_steps}): the learner commits a step once its checkpoint is written, "
                 "up to two checkpoint intervals later; raise hub.max_uncommitted_steps or checkpoint more often"
             )
+
+    @property
+    def resolved_lora_push(self) -> str:
+        """What each weight push carries: "full" (no LoRA), "adapter" or "merged" (`learner.lora_push`)."""
+        if not self.learner.lora_rank:
+            return "full"
+        if self.learner.lora_push != "auto":
+            return self.learner.lora_push
+        return "adapter" if self.generator.engine == "torch" else "merged"
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

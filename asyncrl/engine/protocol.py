@@ -43,6 +43,8 @@ class EngineStats:
     waiting: int  # sequences not yet prefilled
     tokens_generated: int  # total since start
     weight_version: int
+    prefill_tokens: int = 0  # prompt tokens prefilled since start (their KV computed)
+    prefix_cache_hit_tokens: int = 0  # prompt tokens whose KV a prefix cache supplied instead, since start
 
 
 @dataclass(frozen=True, slots=True)

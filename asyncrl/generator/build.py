@@ -31,12 +31,17 @@ def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
         from asyncrl.engine.sglang.engine import SGLangEngine
 
         return SGLangEngine(cfg.generator.sglang, logits_fp32=cfg.model.logits_fp32)
+    from asyncrl.engine.torch.adapter_merge import LoraSpec
     from asyncrl.engine.torch.engine import TorchEngine
 
-    kv = cfg.generator.kv_cache_tokens
-    return TorchEngine(model_path, device=device, dtype=cfg.model.dtype, max_running=cfg.generator.max_running,
-                       num_kv_blocks=-(-kv // KV_BLOCK_SIZE) if kv else None, kv_block_size=KV_BLOCK_SIZE, seed=cfg.generator.seed, deterministic=cfg.generator.deterministic,
-                       residual_fp32=cfg.model.residual_fp32, logits_fp32=cfg.model.logits_fp32)
+    gen, kv, ln = cfg.generator, cfg.generator.kv_cache_tokens, cfg.learner
+    adapters = cfg.resolved_lora_push == "adapter"  # the engine applies LoRA adapters itself (adapter_merge.py)
+    lora = LoraSpec(tuple(ln.lora_targets), ln.lora_alpha / ln.lora_rank) if adapters else None
+    return TorchEngine(model_path, device=device, dtype=cfg.model.dtype, max_running=gen.max_running,
+                       num_kv_blocks=-(-kv // KV_BLOCK_SIZE) if kv else None, kv_block_size=KV_BLOCK_SIZE,
+                       seed=gen.seed, deterministic=gen.deterministic,
+                       prefix_cache=gen.prefix_cache and not gen.deterministic,
+                       residual_fp32=cfg.model.residual_fp32, logits_fp32=cfg.model.logits_fp32, lora=lora)
 
 
 KV_BLOCK_SIZE = 16  # tokens per KV block of the torch engine

@@ -40,6 +40,13 @@ class GeneratorConfig:
     so they equal the behaviour logprobs bit for bit for every token generated on the learner's current weights
     (importance weight exactly 1). Costs generation throughput at low load and, in the learner, an engine pass
     over every batch. Needs learner.off_policy other than "none" to change the learner."""
+    prefix_cache: bool = True
+    """Torch engine: keep the KV of full 16-token pages after a request ends and reuse it for a later request whose
+    tokens start the same way, computed by the same weights (a weight update forgets every page): an episode's
+    next turn then prefills only its new tokens, a re-leased prompt nothing but its last page. It uses only
+    otherwise free KV blocks (evicted least recently used first) and costs a hash per page of each prompt. A hit's
+    logprobs equal an uncached run's up to rounding (the prefill computes fewer rows). Off in deterministic mode,
+    whose numbers must not depend on what ran before. The SGLang engine has the server's radix cache instead."""
 
     def __post_init__(self) -> None:
         if self.count < 1:

@@ -291,7 +291,8 @@ class GeneratorWorker:
         es = self.engine.stats()
         stats = {**self._stats, **self.rollout.stats(), "running": float(es.running), "waiting": float(es.waiting),
                  "tokens_per_s": self._stats["tokens_generated"] / max(now - self._t0, 1e-9),
-                 "weight_version": float(es.weight_version)}
+                 "weight_version": float(es.weight_version), "prefill_tokens": float(es.prefill_tokens),
+                 "prefix_cache_hit_tokens": float(es.prefix_cache_hit_tokens)}
         answer = self.beats.send(self.hub, stats)
         if answer.policy_version is not None:
             self.hub_version = max(self.hub_version, answer.policy_version)

@@ -26,8 +26,8 @@ SIGNAL_SPREAD = 1e-8
 class Recipe:
     advantage: str
     """The estimator: the name of a function in asyncrl/learner/advantages.py. Outcome level (`token_level`
-    false): fn(rewards [S], group_ids [S]) -> [S]; token level: fn(token_rewards [B, L], mask, values, gamma,
-    lam, reduce) -> (advantages, returns)."""
+    false): fn(rewards [S], group_ids [S]) -> [S]; token level: a function decorated with `@token_estimator`,
+    on packed tokens: fn(token_rewards [N], seq_lens [B], values, gamma, lam, reduce) -> (advantages, returns)."""
     token_level: bool = False
     """The estimator works on per-token rewards (after the old pass, in the trainer) instead of one reward per
     sample (in prepare.py). Only token-level algorithms can put the KL into the reward."""

@@ -12,6 +12,9 @@ A multi-turn sample's response interleaves the policy's turns with the environme
 (`Sample.loss_mask`, 1 = the policy's). Every token is packed and attended to as the engine saw it, but
 `MicroBatch.mask` is 0 on environment tokens: they get no loss weight (no gradient) and count in no
 normaliser or statistic.
+
+Nothing is written into a MicroBatch after it is built (to_device only moves it): the trainer's passes return
+their results per micro-batch, `OldPass` (the weights before the update) and `LossInputs` (what the loss reads).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ class SeqRecord:
     temperature: float  # the generator's T (greedy -> 1.0, as SGLang reports raw logprobs then)
     max_new_tokens: int
     reward: float  # after shaping (overlong penalty)
-    advantage: float = 0.0  # outcome-level advantage (token-level algorithms fill per token later)
+    advantage: float = 0.0  # outcome-level advantage (token-level algorithms compute theirs per token later)
+    loss_weight: float = 0.0  # aggregation weight of each trained token (losses.sample_weights; prepare.py)
     loss_mask: np.ndarray | None = None  # [R] int32, 1 = the policy's token, 0 = the environment's; None: all 1
 
     @property
@@ -111,23 +115,46 @@ class MicroBatch:
     behav_logp: Tensor  # [n] float32
     versions: Tensor  # [n] int64
     mask: Tensor  # [n] float32: 1 on the policy's tokens; 0 on environment tokens and on a filler's tokens
+    trained_idx: Tensor  # [m] int64, positions (in [n]) of the policy's tokens, sequence by sequence
+    advantages: Tensor  # [n] float32, outcome-level (SeqRecord.advantage per token; 0 for token-level recipes)
+    agg_weights: Tensor  # [n] float32 per-token loss weights (SeqRecord.loss_weight on trained tokens, else 0)
     seq_lens: Tensor  # [s] response lengths
     seq_index: list[int]  # SeqRecord.index per sequence (-1: filler)
     cu_seqlens: Tensor  # [s + 1] int32, input-token boundaries of the packed sequences (varlen attention)
     max_seqlen: int  # longest packed sequence (input tokens)
-    # Filled by the trainer before the update:
-    advantages: Tensor | None = None  # [n]
-    agg_weights: Tensor | None = None  # [n] per-token loss weights (losses.aggregation_weights)
-    old_logp: Tensor | None = None  # [n] proximal (or behaviour) logprobs, the PPO "old" policy
-    is_weights: Tensor | None = None  # [n] behaviour -> proximal importance weights
-    is_dropped: Tensor | None = None  # [n] bool
-    ref_logp: Tensor | None = None  # [n]
-    old_values: Tensor | None = None  # [n]
-    returns: Tensor | None = None  # [n]
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
+
+
+@dataclass(frozen=True, slots=True)
+class OldPass:
+    """One micro-batch's quantities of the weights before this step's update (no grad), as the trainer's old
+    pass returns them. Shapes [n]."""
+
+    prox_logp: Tensor | None  # the proximal ("old") policy's logprobs; None only when the update's own forward
+    # is the proximal policy (prox source "update": one mini-batch), which the trainer knows before the pass
+    values: Tensor | None  # the critic's values (value head only)
+    ref_logp: Tensor | None  # the reference model's logprobs (kl_coef > 0 only)
+
+
+@dataclass(frozen=True, slots=True)
+class LossInputs:
+    """Everything one micro-batch's loss and statistics read besides its forward, assembled once, after the
+    forward (which may be the proximal policy). Shapes [n] (response tokens of the micro-batch)."""
+
+    mask: Tensor  # MicroBatch.mask
+    agg_weights: Tensor  # MicroBatch.agg_weights
+    seq_lens: Tensor  # [s] MicroBatch.seq_lens
+    behav_logp: Tensor  # MicroBatch.behav_logp
+    advantages: Tensor  # outcome-level (MicroBatch.advantages) or token-level (the trainer's estimator)
+    old_logp: Tensor  # proximal logprobs
+    is_weights: Tensor  # behaviour -> proximal importance weights
+    is_dropped: Tensor  # bool
+    returns: Tensor | None  # value targets (value head only)
+    old_values: Tensor | None  # (value head only)
+    ref_logp: Tensor | None  # (kl_coef > 0 only)
 
 
 def to_device(micro_batches: list[MicroBatch], device: torch.device) -> None:
@@ -214,6 +241,7 @@ def build_micro_batch(seqs: list[SeqRecord]) -> MicroBatch:
     pos = np.arange(int(in_len.sum()), dtype=np.int64) - np.repeat(in_start, in_len)  # [T]
     n = int(r_len.sum())
     gather = np.repeat(in_start + p_len - 1 - r_start, r_len) + np.arange(n, dtype=np.int64)  # [n]
+    mask = _trained_mask(seqs, n)  # [n]
     t = torch.from_numpy
     return MicroBatch(
         input_ids=t(ids)[None], position_ids=t(pos)[None], gather_idx=t(gather),
@@ -221,10 +249,11 @@ def build_micro_batch(seqs: list[SeqRecord]) -> MicroBatch:
         temperature=t(np.repeat(np.array([s.temperature for s in seqs], np.float32), r_len)),
         behav_logp=t(np.concatenate([s.behav_logp for s in seqs]).astype(np.float32)),
         versions=t(np.concatenate([s.versions for s in seqs]).astype(np.int64)),
-        mask=t(_trained_mask(seqs, n)),
+        mask=t(mask), trained_idx=t(np.flatnonzero(mask).astype(np.int64)),
+        advantages=t(np.repeat(np.array([s.advantage for s in seqs], np.float32), r_len)),
+        agg_weights=t(np.repeat(np.array([s.loss_weight for s in seqs], np.float32), r_len)) * t(mask),
         seq_lens=t(r_len.copy()), seq_index=[s.index for s in seqs],
         cu_seqlens=cu_seqlens(in_len.tolist()), max_seqlen=int(in_len.max()),
-        advantages=t(np.repeat(np.array([s.advantage for s in seqs], np.float32), r_len)),
     )
 
 
@@ -236,13 +265,10 @@ def _trained_mask(seqs: list[SeqRecord], n: int) -> np.ndarray:
 
 
 def filler_micro_batch() -> MicroBatch:
-    """A two-token micro-batch with zero loss weight: a rank with fewer micro-batches runs these so that
-    every rank makes the same FSDP collectives."""
-    mb = build_micro_batch([SeqRecord(
+    """A two-token micro-batch with zero loss weight (no trained token): a rank with fewer micro-batches runs
+    these so that every rank makes the same FSDP collectives."""
+    return build_micro_batch([SeqRecord(
         index=-1, group=-1, prompt=np.zeros(1, np.int64), response=np.zeros(2, np.int64),
         behav_logp=np.zeros(2, np.float32), versions=np.zeros(2, np.int64), temperature=1.0,
-        max_new_tokens=2, reward=0.0,
+        max_new_tokens=2, reward=0.0, loss_mask=np.zeros(2, np.int32),
     )])
-    mb.mask.zero_()
-    mb.seq_index = [-1]
-    return mb

@@ -19,6 +19,7 @@ from asyncrl.learner.algorithms import Algorithm, Recipe, recipe
 LossAgg = Literal["auto", "token_mean", "seq_mean", "constant"]
 GroupFilter = Literal["auto", "off", "accuracy", "shaped"]
 RatioLevel = Literal["auto", "token", "sequence"]
+LoraPush = Literal["auto", "adapter", "merged"]
 
 # learner.lora_targets' default: every attention and MLP projection of Llama/Qwen-style decoders.
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -194,7 +195,7 @@ class LearnerConfig:
     lora_rank: int = 0
     """LoRA rank r (0: off, full fine-tuning). With r > 0 the base weights are frozen and held in the compute
     dtype, and only low-rank adapters A [r, in], B [out, r] beside each `lora_targets` linear are trained,
-    checkpointed and optimised; generators get the merged weights W + scale * B @ A (docs/lora.md)."""
+    checkpointed and optimised; generators get the adapters or the merged weights (`lora_push`, docs/lora.md)."""
     lora_alpha: float = 16.0
     """LoRA scale numerator: the adapter's output is multiplied by lora_alpha / lora_rank."""
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
@@ -203,6 +204,10 @@ class LearnerConfig:
     lora_dropout: float = 0.0
     """Dropout on the adapters' input in training (0: none; then the one-mini-batch step's proximal
     logprobs are exactly the training forward's)."""
+    lora_push: LoraPush = "auto"
+    """What each version's weight push carries with LoRA: "adapter": A and B only (MBs), applied by the torch
+    engine from its pristine copy of the base; "merged": the whole merged model W + scale * B @ A (any engine);
+    "auto": adapter with generator.engine = "torch", merged with SGLang (the adapter path is not built there)."""
     lora_lr: float = 0.0
     """Peak learning rate with LoRA (replaces `lr` when lora_rank > 0); 0: auto = 10 x lr, since LoRA's best
     rate sits near ten times full fine-tuning's (measured on the embedded default: docs/lora.md)."""
@@ -224,6 +229,8 @@ class LearnerConfig:
                              f"{list(DEFAULT_LORA_TARGETS)}")
         if self.lora_lr < 0:
             raise ValueError(f"learner.lora_lr={self.lora_lr}: must be >= 0 (0: auto, {LORA_LR_FACTOR:g} x learner.lr)")
+        if self.lora_push not in ("auto", "adapter", "merged"):
+            raise ValueError(f"learner.lora_push={self.lora_push!r}: must be 'auto', 'adapter' or 'merged'")
         if len(set(self.lora_targets)) != len(self.lora_targets):
             raise ValueError(f"learner.lora_targets={self.lora_targets}: a name is listed twice; list each once")
 

@@ -12,8 +12,11 @@ The rest of the learner sees adapters only through these functions:
 
     adapter_names / is_adapter    which parameters are trained (the optimizer and the checkpoint hold only them)
     merged_tensors                (HF name, tensor) of the merged model, W + scale * B @ A, computed fresh from
-                                  the pristine base each call (never merged in place): the weight push, the
-                                  rescorer and the merged export read it, so an engine needs no LoRA support
+                                  the pristine base each call (never merged in place): the merged weight push
+                                  (SGLang), the rescorer and the merged export read it
+    adapter_push / base_push      the adapter-only push (`learner.lora_push = "adapter"`, the torch engine): each
+                                  version sends A and B only, a joining generator gets the base and the adapters;
+                                  the engine merges from its pristine base (asyncrl/engine/torch/adapter_merge.py)
     peft_state_dict / peft_config an adapter folder in PEFT's layout (export.py writes it)
     check_targets                 the target names against a model folder, without loading weights (preflight)
 """
@@ -28,6 +31,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from asyncrl.engine.torch.adapter_merge import merge
+from asyncrl.learner import fsdp
 
 ADAPTERS = ("lora_A", "lora_B")
 
@@ -110,10 +116,10 @@ def adapter_names(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_parameters() if is_adapter(name)]
 
 
-@torch.no_grad()
 def merge_weight(weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float) -> Tensor:
-    """W [out, in] + scale * B [out, r] @ A [r, in] -> [out, in] fp32 (a new tensor: W is left as it is)."""
-    return weight.float() + scale * (lora_b.float() @ lora_a.float())
+    """W [out, in] + scale * B [out, r] @ A [r, in] -> [out, in] fp32 (a new tensor: W is left as it is). The
+    engine's own merge, so that an adapter push and a merged push give the same weights bit for bit."""
+    return merge(weight, lora_a, lora_b, scale)
 
 
 def merged_tensors(named: Iterable[tuple[str, Tensor]], modules: dict[str, LoraLinear]) -> Iterator[tuple[str, Tensor]]:
@@ -136,6 +142,18 @@ def merged_tensors(named: Iterable[tuple[str, Tensor]], modules: dict[str, LoraL
         if "bias" in parts:
             yield f"{path}.bias", parts["bias"]
     assert not held, f"LoRA modules with missing tensors: {sorted(held)}"
+
+
+def adapter_push(masters: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    """(HF module path + ".lora_A" / ".lora_B", full fp32 tensor) of every adapter, nothing else: one version's
+    adapter-only push. Collective under FSDP (every rank iterates it); the base is never gathered."""
+    return ((name, fsdp.full_tensor(p.detach())) for name, p in masters if is_adapter(name))
+
+
+def base_push(masters: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    """Every tensor as the learner holds it, under its HF name: the frozen base in the compute dtype and the fp32
+    adapters. The full push to a (re)joining generator that merges the adapters itself. Collective under FSDP."""
+    return ((name, fsdp.full_tensor(p.detach())) for name, p in masters)
 
 
 def peft_state_dict(adapters: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -8,8 +8,8 @@ The loop combines them per token as
 where `w_is` is the behaviour -> proximal importance weight (`importance_weights`, the rollout correction:
 per token, per sample or their geometric mean; masked or truncated), `pg` the clipped surrogate
 (`policy_loss`: token- or sequence-level ratio, dual-clip) and `agg` the per-token aggregation weight
-(`aggregation_weights`), which turns the sum into a token mean, a per-sequence mean, or a constant-normalised
-sum over the whole (global, all ranks) mini-batch. Because `agg` already holds the global normaliser,
+(`sample_weights`, one per sample in prepare.py, on its trained tokens), which turns the sum into a token
+mean, a per-sequence mean, or a constant-normalised sum over the whole (global, all ranks) mini-batch. Because `agg` already holds the global normaliser,
 micro-batches and ranks simply add their sums.
 
 A sequence-level ratio (RLOO) gives every token of a sample the same loss value; with `seq_mean`
@@ -160,27 +160,33 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float)
     return 0.5 * torch.maximum(l1, l2), (l2 > l1).detach()
 
 
-def aggregation_weights(seq_lens: Tensor, mode: str, total_tokens: float, total_seqs: float,
-                        constant: float = 1.0, trained_lens: Tensor | None = None) -> Tensor:
-    """Per-token weights so that sum_t w_t * loss_t is the configured aggregate over the global
-    mini-batch. seq_lens [s] response lengths of this micro-batch's sequences -> [sum(seq_lens)]:
+def sample_weights(lens: Tensor, mode: str, total_tokens: float, total_seqs: float, constant: float = 1.0) -> Tensor:
+    """Per-sample weight of each trained token so that sum_t w_t * loss_t is the configured aggregate over the
+    global mini-batch. lens [s] trained tokens of each sample (the policy's; every token of a single-turn one):
       token_mean: 1 / total_tokens                  (DAPO: every token of the batch counts the same)
       seq_mean:   1 / (len_s * total_seqs)           (GRPO: mean per sequence, then over sequences)
       constant:   1 / (constant * total_seqs)        (Dr.GRPO: constant = max response length)
-    total_tokens and len_s count trained tokens: trained_lens [s] (the policy's tokens of each sequence,
-    multi-turn samples) or, when None, seq_lens. The caller zeroes the untrained tokens' weights (mask).
-    On the host it repeats with numpy: torch's CPU repeat_interleave goes through its OpenMP pool, and between
-    GPU steps on a 16-core host (or on a busy machine) that took ~7.5 ms a call instead of ~0.07."""
-    lens = (seq_lens if trained_lens is None else trained_lens).to(torch.float32)
+    total_tokens counts trained tokens too.  [s] -> [s] float32"""
+    lens = lens.to(torch.float32)
     if mode == "token_mean":
-        per_seq = torch.full_like(lens, 1.0 / max(total_tokens, 1.0))
-    elif mode == "seq_mean":
-        per_seq = 1.0 / (lens.clamp(min=1.0) * max(total_seqs, 1.0))
-    elif mode == "constant":
-        per_seq = torch.full_like(lens, 1.0 / (constant * max(total_seqs, 1.0)))
-    else:
-        raise ValueError(f"loss_agg={mode!r}: allowed values are 'token_mean', 'seq_mean', 'constant'")
-    if per_seq.device.type == "cpu":  # prepare, on the host: numpy's repeat is single-threaded (see below)
+        return torch.full_like(lens, 1.0 / max(total_tokens, 1.0))
+    if mode == "seq_mean":
+        return 1.0 / (lens.clamp(min=1.0) * max(total_seqs, 1.0))
+    if mode == "constant":
+        return torch.full_like(lens, 1.0 / (constant * max(total_seqs, 1.0)))
+    raise ValueError(f"loss_agg={mode!r}: allowed values are 'token_mean', 'seq_mean', 'constant'")
+
+
+def aggregation_weights(seq_lens: Tensor, mode: str, total_tokens: float, total_seqs: float,
+                        constant: float = 1.0, trained_lens: Tensor | None = None) -> Tensor:
+    """`sample_weights` repeated on each sequence's response tokens: seq_lens [s] response lengths ->
+    [sum(seq_lens)]; trained_lens [s] the policy's tokens of each sequence (None: seq_lens). The caller zeroes
+    the untrained tokens' weights (mask). On the host it repeats with numpy: torch's CPU repeat_interleave goes
+    through its OpenMP pool, and between GPU steps on a 16-core host (or on a busy machine) that took ~7.5 ms a
+    call instead of ~0.07."""
+    per_seq = sample_weights(seq_lens if trained_lens is None else trained_lens, mode, total_tokens, total_seqs,
+                             constant)  # [s]
+    if per_seq.device.type == "cpu":
         return torch.from_numpy(np.repeat(per_seq.numpy(), seq_lens.numpy()))
     return torch.repeat_interleave(per_seq, seq_lens.long())
 

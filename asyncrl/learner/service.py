@@ -11,6 +11,10 @@
 * Checkpoints are atomic; `CommitStep(step)` follows the checkpoint, so after a crash the hub
   re-delivers every batch after the last checkpoint: nothing is dropped or trained twice.
 * SIGINT/SIGTERM: finish the current step, checkpoint, commit, exit 0.
+* With LoRA and `learner.lora_push = "adapter"` (the torch engine's default) each version's push carries the
+  adapters only (lora.adapter_push: A and B, fp32, MBs), which members apply to the base they keep; a
+  (re)joining generator gets the base and the adapters (lora.base_push) from serve_joins. "merged" (SGLang):
+  every push is the whole merged model (Trainer.named_full_tensors).
 * Held-out evaluation (eval.every > 0, rank 0): asked for after the weights of step 0, every N-th and the last
   step are pushed; it runs on its own thread through the generators (asyncrl.eval.live) and its records join
   the next metrics line; only the last one is waited for (at most eval.timeout_s).
@@ -26,6 +30,7 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +44,7 @@ from asyncrl.credentials import RunSecret
 from asyncrl.eval.live import LiveEvaluator
 from asyncrl.config.run import RunConfig
 from asyncrl.heartbeat import Heartbeats
-from asyncrl.learner import fsdp
+from asyncrl.learner import fsdp, lora
 from asyncrl.learner.checkpoint import latest_checkpoint
 from asyncrl.learner.rescorer import Rescorer
 from asyncrl.learner.trainer import Trainer
@@ -108,13 +113,17 @@ class LearnerService:
         self.hub = HubPeer(endpoints["replay"], name, timeout_s=15.0)
         self.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
         self.beats = Heartbeats("learner", name)
+        self.push_mode = cfg.resolved_lora_push  # "full" (no LoRA), "adapter" or "merged"
         self.sender = WeightSender(endpoints["weights"], device=device,
                                    bucket_bytes=cfg.learner.weight_bucket_mb << 20,
                                    pause_mode=cfg.generator.inflight_update,
                                    master_address=cfg.launch.host,
                                    secret=RunSecret.load(self.run_dir),
-                                   # the compute dtype the weights are used in (fp32 masters would double the bytes)
-                                   dtype=self.trainer.dtype) if self.rank == 0 else None
+                                   # the compute dtype the weights are used in (fp32 masters would double the bytes);
+                                   # adapter pushes send what the learner holds: the base already is in it, and
+                                   # A / B travel fp32 so that the engine's merge equals the learner's bitwise
+                                   dtype=None if self.push_mode == "adapter" else self.trainer.dtype,
+                                   ) if self.rank == 0 else None
         if self.sender is not None:
             self.sender.give_up = stop.is_set  # nor for generators that died with the launcher
         self.metrics = MetricsWriter(self.run_dir, metrics_port, cfg.launch.wandb_project,
@@ -229,22 +238,29 @@ class LearnerService:
             return self.trainer.train_step(batch)
 
     def _push(self) -> dict[str, Any]:
+        adapters = self.push_mode == "adapter"
         with self.timeline.span("push"):
-            named = self.trainer.named_full_tensors()
+            named = lora.adapter_push(self.trainer.masters) if adapters else self.trainer.named_full_tensors()
             if self.sender is None:
                 drain(named)
                 return {}
-            report = self.sender.push(named, self.trainer.version).as_dict()
+            report = self.sender.push(named, self.trainer.version, admit=not adapters).as_dict()
             self.hub.request(R.WeightVersion(version=self.trainer.version))
-            return report
+            return {"kind": self.push_mode, **report}
+
+    def _full_push(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The stream a (re)joining generator gets: the whole model (with adapter pushes, the base + adapters)."""
+        if self.push_mode == "adapter":
+            return lora.base_push(self.trainer.masters)
+        return self.trainer.named_full_tensors()
 
     def _serve_joins(self) -> None:
         if not self._any(self.sender is not None and self.sender.has_joins()):
             return
         if self.sender is None:
-            drain(self.trainer.named_full_tensors())
+            drain(self._full_push())
         else:
-            self.sender.serve_joins(self.trainer.named_full_tensors, self.trainer.version)
+            self.sender.serve_joins(self._full_push, self.trainer.version)
 
     def _checkpoint(self, background: bool) -> None:
         """Snapshot now; the write finishes in the background unless `background` is false, and the step is

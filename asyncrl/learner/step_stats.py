@@ -1,7 +1,7 @@
 """Per-step training statistics, accumulated on the device (no host sync inside the micro-batch loop) and
 reduced over learner ranks once at the end of the step.
 
-Sums are over trained response tokens (MicroBatch.mask > 0: neither a multi-turn sample's environment
+Sums are over trained response tokens (LossInputs.mask > 0: neither a multi-turn sample's environment
 tokens nor a filler's) unless named otherwise; the loss terms are per mini-batch values
 (each already carries its global normaliser). `behav_prox_logp_absdiff` is |proximal - behaviour| logprob,
 the training-inference mismatch of the run: mean over tokens and p99 (each rank's p99, the largest over
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.learner import fsdp
-from asyncrl.learner.batch_tensors import MicroBatch
+from asyncrl.learner.batch_tensors import LossInputs
 from asyncrl.learner.losses import LOG_RATIO_BOUND
 
 _PER_TOKEN = {"entropy": "entropy", "clip_frac": "clip_frac", "kl": "kl", "value_clip_frac": "value_clip_frac",
@@ -41,24 +41,24 @@ class StepStats:
         for k, v in terms.items():
             self.sums[k] += v.detach()
 
-    def add_tokens(self, mb: MicroBatch, entropy: Tensor, clipped: Tensor) -> None:
-        """Token statistics of one micro-batch: entropy [n], clipped [n] bool."""
-        m = mb.mask  # [n]
+    def add_tokens(self, x: LossInputs, entropy: Tensor, clipped: Tensor) -> None:
+        """Token statistics of one micro-batch from its loss inputs: entropy [n], clipped [n] bool."""
+        m = x.mask  # [n]
         s = self.sums
         s["n"] += m.sum()
         s["entropy"] += (entropy * m).sum()
         s["clip_frac"] += (clipped.float() * m).sum()
-        s["adv"] += (mb.advantages * m).sum()
-        s["adv_sq"] += (mb.advantages ** 2 * m).sum()
-        s["is_weight"] += (mb.is_weights * m).sum()
-        s["is_dropped"] += (mb.is_dropped.float() * m).sum()
-        log_r = mb.old_logp - mb.behav_logp  # [n] log pi_prox / pi_behav
+        s["adv"] += (x.advantages * m).sum()
+        s["adv_sq"] += (x.advantages ** 2 * m).sum()
+        s["is_weight"] += (x.is_weights * m).sum()
+        s["is_dropped"] += (x.is_dropped.float() * m).sum()
+        log_r = x.old_logp - x.behav_logp  # [n] log pi_prox / pi_behav
         s["behav_prox_absdiff"] += (log_r.abs() * m).sum()
         self.log_ratios.append(torch.where(m > 0, log_r, torch.nan))  # NaN when untrained: a boolean index would sync
         self._add_mismatch(log_r, m)
-        self._max("adv_max", mb.advantages, m)
-        self._max("adv_neg_min", -mb.advantages, m)
-        self._max("is_weight_max", mb.is_weights, m)
+        self._max("adv_max", x.advantages, m)
+        self._max("adv_neg_min", -x.advantages, m)
+        self._max("is_weight_max", x.is_weights, m)
 
     def _add_mismatch(self, log_r: Tensor, m: Tensor) -> None:
         """Sums of the behaviour-vs-proximal divergence estimators over trained tokens.  [n], [n]"""

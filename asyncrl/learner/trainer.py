@@ -3,17 +3,21 @@ optimizer and the schedule; one `train_step` per hub batch.
 
 One learner step, on every rank (each gets the whole batch; prepare.py deals whole groups to ranks):
 
-    prepare      host: rewards -> shaping -> filter -> outcome advantages -> packed micro-batches
+    prepare      host: one SampleTable of the batch's samples, mapped column -> column (shaping, group
+                 filter, outcome advantages, loss weights) -> packed micro-batches (prepare.py)
     to_device    every micro-batch's tensors to the device, once
-    old pass     no grad, only where needed: old values (ppo), reference logprobs (kl), and proximal
-                 logprobs when there are several mini-batches. With one mini-batch the proximal policy IS
-                 the current weights, so its logprobs are the training forward's own, detached (the same
-                 kernels on the same weights give the same numbers) and the pass is skipped: ~1/4 of a step
-    advantages   reinforce_pp / ppo: per-token returns, whitened over all ranks
-    update       per mini-batch: forward + loss + backward per micro-batch, clip, AdamW step
+    old pass     no grad, only where needed; returns one OldPass per micro-batch: old values (ppo), reference
+                 logprobs (kl), and proximal logprobs when there are several mini-batches. With one
+                 mini-batch the proximal policy IS the current weights, so its logprobs are the training
+                 forward's own, detached (the same kernels on the same weights give the same numbers) and the
+                 pass is skipped (`_prox_source` = "update"): ~1/4 of a step
+    advantages   reinforce_pp / ppo: per-token returns over the packed trained tokens, on the device, whitened
+                 over all ranks; returned per micro-batch
+    update       per mini-batch: forward -> LossInputs (importance weights) -> loss + backward per
+                 micro-batch, clip, AdamW step
 
 Every rank runs the same number of micro-batches (fillers pad the short ones), so FSDP's collectives
-line up. Losses carry the global normaliser (losses.aggregation_weights) and are scaled by world size
+line up. Losses carry the global normaliser (losses.sample_weights) and are scaled by world size
 because FSDP averages gradients over ranks: the update equals the single-process update on the batch.
 Compute runs in bf16 on GPU through FSDP2's mixed precision (a lone process joins a one-rank group; in fp16
 with dynamic loss scaling, loss_scale.py, when model.dtype = "float16"),
@@ -41,7 +45,7 @@ from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
 from asyncrl.learner import export as exp
 from asyncrl.learner import fsdp, lean_attention, lora, losses, optim, residual_stream
-from asyncrl.learner.batch_tensors import MicroBatch, to_device
+from asyncrl.learner.batch_tensors import LossInputs, MicroBatch, OldPass, to_device
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.loss_scale import LossScale
 from asyncrl.learner.model import PolicyModel, load_hf
@@ -120,14 +124,14 @@ class Trainer:
         with stage("prepare"):
             prep = prepare_batch(batch, self.cfg, self.dist.rank, self.dist.world_size, self.version)
         with stage("to_device"):
-            to_device(list(self._micro_batches(prep)), self.dist.device)
+            to_device(prep.micro_batches(), self.dist.device)
+        source = self._prox_source(prep)
         with stage("old_pass"):
-            self._old_pass(prep, batch)
-        if self.cfg.recipe.token_level:
-            self._token_advantages(prep)
+            olds = self._old_pass(prep, batch, source)  # [micro-batch]
+        advantages = self._advantages(prep, olds)  # [micro-batch] -> (advantages [n], returns [n] | None)
         stats = StepStats(self.dist.device)
         with stage("update"):
-            grad_norms = self._update(prep, stats)
+            grad_norms = self._update(prep, olds, advantages, source == "update", stats)
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         self.version += 1
@@ -142,44 +146,20 @@ class Trainer:
                        policy_version=float(self.version), step_time_s=time.perf_counter() - t0)
         return metrics
 
-    @staticmethod
-    def _micro_batches(prep: PreparedBatch) -> Iterator[MicroBatch]:
-        for mbs in prep.mini_batches:
-            yield from mbs
-
     def _forward(self, model: PolicyModel, mb: MicroBatch) -> tuple[Tensor, Tensor, Tensor | None]:
         varlen = (mb.cu_seqlens, mb.max_seqlen) if self.attn == attention.NAME else (None, 0)
         with fsdp.autocast(self.dist, self.dtype):
             return model(mb.input_ids, mb.position_ids, mb.gather_idx, mb.targets, mb.temperature, *varlen)
 
-    @torch.no_grad()
-    def _old_pass(self, prep: PreparedBatch, batch: records.Batch) -> None:
-        """Quantities of the weights before this step's update, per micro-batch (no grad)."""
-        rescored = self._rescore(prep, batch) if self.rescorer is not None and self.cfg.off_policy != "none" else None
-        deferred = rescored is None and self._prox_from_update(prep)
-        need_prox = (self.cfg.off_policy != "none" and not deferred and rescored is None) or self.cfg.recipe.value_head
-        if need_prox:  # eval() / train() walk every module: ~2 ms of host time before the step's first kernel
-            self.policy.eval()
-        for mb in self._micro_batches(prep):
-            mb.old_logp = None if deferred else mb.behav_logp
-            if need_prox:
-                logp, _, values = self._forward(self.policy, mb)
-                mb.old_values = values
-                if self.cfg.off_policy != "none":
-                    mb.old_logp = logp
-            if rescored is not None:
-                mb.old_logp = _packed_logprobs(mb, rescored)
-            if mb.old_logp is not None:
-                self._set_importance(mb)
-            if self.ref is not None:
-                self.ref.eval()
-                mb.ref_logp = self._forward(self.ref, mb)[0]
-
-    def _rescore(self, prep: PreparedBatch, batch: records.Batch) -> dict[int, np.ndarray]:
-        """Deterministic mode: this rank's samples scored by the generator's engine code on these weights."""
-        self.rescorer.load(self.named_full_tensors(), self.version)
-        mine = [prep.seqs[i] for mb in self._micro_batches(prep) for i in mb.seq_index if i >= 0]
-        return self.rescorer.score(mine, [group.prompt.sampling for group in batch.groups])
+    def _prox_source(self, prep: PreparedBatch) -> str:
+        """Where this step's proximal logprobs come from: "behaviour" (no off-policy correction), "rescorer"
+        (deterministic mode), "update" (the update's own forward, detached: see `_prox_from_update`) or "pass"
+        (the old pass's forward; always with a value head, whose pass runs anyway)."""
+        if self.cfg.off_policy == "none":
+            return "behaviour"
+        if self.rescorer is not None:
+            return "rescorer"
+        return "update" if self._prox_from_update(prep) and not self.cfg.recipe.value_head else "pass"
 
     def _prox_from_update(self, prep: PreparedBatch) -> bool:
         """The proximal logprobs can come from the update's own forward: one mini-batch (so its forward runs
@@ -187,57 +167,70 @@ class Trainer:
         return (self.cfg.off_policy != "none" and len(prep.mini_batches) == 1
                 and not (self.cfg.kl_in_reward and self.ref is not None))
 
-    def _set_importance(self, mb: MicroBatch) -> None:
-        cfg = self.cfg
-        mb.is_weights, mb.is_dropped = losses.importance_weights(
-            mb.old_logp, mb.behav_logp, cfg.off_policy, cfg.importance_cap, low=cfg.correction.low,
-            level=cfg.correction.level, seq_lens=mb.seq_lens, mask=mb.mask)
+    @torch.no_grad()
+    def _old_pass(self, prep: PreparedBatch, batch: records.Batch, source: str) -> list[OldPass]:
+        """Quantities of the weights before this step's update, one OldPass per micro-batch (no grad)."""
+        rescored = self._rescore(prep, batch) if source == "rescorer" else None
+        forward = source == "pass" or self.cfg.recipe.value_head
+        if forward:  # eval() / train() walk every module: ~2 ms of host time before the step's first kernel
+            self.policy.eval()
+        if self.ref is not None:
+            self.ref.eval()
+        return [self._old(mb, source, forward, rescored) for mb in prep.micro_batches()]
 
-    def _token_advantages(self, prep: PreparedBatch) -> None:
-        """Token-level recipes (reinforce_pp, ppo): per-token rewards (+ KL-in-reward) -> returns / GAE, whitened
-        globally."""
-        seq_parts: list[tuple[MicroBatch, int, int, int]] = []  # (mb, start, length, seq index)
-        for mb in self._micro_batches(prep):
-            start = 0
-            for length, index in zip(mb.seq_lens.tolist(), mb.seq_index):
-                seq_parts.append((mb, start, length, index))
-                start += length
-        real = [p for p in seq_parts if p[3] >= 0]
-        # each sequence's trained tokens (loss_mask 1) in order, as one row: environment tokens are skipped
-        host_mask = {id(mb): mb.mask.cpu() for mb, *_ in real}  # one copy per micro-batch
-        trained = [s + torch.nonzero(host_mask[id(mb)][s:s + n] > 0).squeeze(-1) for mb, s, n, _ in real]  # [n_i]
-        width = max((len(t) for t in trained), default=1)
-        mask = torch.zeros(len(real), width)  # [B, L]
-        kl = torch.zeros(len(real), width)
-        values = torch.zeros(len(real), width)
-        for i, ((mb, s, n, _), t) in enumerate(zip(real, trained)):
-            mask[i, :len(t)] = 1.0
-            if self.cfg.kl_in_reward and mb.ref_logp is not None:
-                kl[i, :len(t)] = losses.kl_k1(mb.old_logp[t], mb.ref_logp[t]).cpu()
-            if mb.old_values is not None:
-                values[i, :len(t)] = mb.old_values[t].float().cpu()
-        rewards = torch.tensor([prep.seqs[p[3]].reward for p in real], dtype=torch.float32)
-        token_rewards = adv.outcome_token_rewards(rewards, mask, kl if self.cfg.kl_in_reward else None, self.cfg.kl_coef)
-        fn = adv.estimator(self.cfg.recipe.advantage)
-        a, ret = fn(token_rewards, mask, values, self.cfg.gamma, self.cfg.gae_lambda, reduce=fsdp.all_reduce)
-        for mb in {id(p[0]): p[0] for p in seq_parts}.values():
-            mb.advantages = torch.zeros_like(mb.behav_logp)
-            mb.returns = torch.zeros_like(mb.behav_logp)
-        for i, ((mb, s, n, _), t) in enumerate(zip(real, trained)):
-            mb.advantages[t.to(mb.advantages.device)] = a[i, :len(t)].to(mb.advantages.device)
-            mb.returns[t.to(mb.returns.device)] = ret[i, :len(t)].to(mb.returns.device)
+    def _old(self, mb: MicroBatch, source: str, forward: bool, rescored: dict[int, np.ndarray] | None) -> OldPass:
+        logp, _, values = self._forward(self.policy, mb) if forward else (None, None, None)
+        prox = {"behaviour": mb.behav_logp, "pass": logp, "update": None}.get(source)
+        if rescored is not None:
+            prox = _packed_logprobs(mb, rescored)
+        ref = self._forward(self.ref, mb)[0] if self.ref is not None else None
+        return OldPass(prox_logp=prox, values=values, ref_logp=ref)
 
-    def _update(self, prep: PreparedBatch, stats: StepStats) -> list[Tensor]:
+    def _rescore(self, prep: PreparedBatch, batch: records.Batch) -> dict[int, np.ndarray]:
+        """Deterministic mode: this rank's samples scored by the generator's engine code on these weights."""
+        self.rescorer.load(self.named_full_tensors(), self.version)
+        mine = [prep.seqs[i] for mb in prep.micro_batches() for i in mb.seq_index if i >= 0]
+        return self.rescorer.score(mine, [group.prompt.sampling for group in batch.groups])
+
+    def _advantages(self, prep: PreparedBatch, olds: list[OldPass]) -> list[tuple[Tensor, Tensor | None]]:
+        """Per micro-batch (advantages [n], returns [n] or None): the prepared outcome-level ones, or the
+        token-level estimator's."""
+        if not self.cfg.recipe.token_level:
+            return [(mb.advantages, None) for mb in prep.micro_batches()]
+        return self._token_advantages(prep, olds)
+
+    def _token_advantages(self, prep: PreparedBatch, olds: list[OldPass]) -> list[tuple[Tensor, Tensor]]:
+        """Token-level recipes (reinforce_pp, ppo): per-token rewards (+ KL-in-reward) -> returns / GAE over the
+        trained tokens of this rank's micro-batches, packed end to end (environment tokens left out), whitened
+        over all ranks; on the device."""
+        cfg, mbs = self.cfg, prep.micro_batches()
+        rows = [i for mb in mbs for i in mb.seq_index if i >= 0]  # this rank's samples, in pack order
+        lens = torch.from_numpy(prep.table.trained_len[rows])  # [B] host
+        rewards = adv.host_to(self.dist.device, torch.from_numpy(prep.table.reward[rows].astype(np.float32)))  # [B]
+        kl = values = None
+        if cfg.kl_in_reward and self.ref is not None:
+            kl = _trained([losses.kl_k1(o.prox_logp, o.ref_logp) for o in olds], mbs, self.dist.device)  # [N]
+        if cfg.recipe.value_head:
+            values = _trained([o.values for o in olds], mbs, self.dist.device)  # [N]
+        token_rewards = adv.packed_token_rewards(rewards, lens, kl, cfg.kl_coef)  # [N]
+        a, ret = adv.packed_estimator(cfg.recipe.advantage)(token_rewards, lens, values, cfg.gamma, cfg.gae_lambda,
+                                                            reduce=fsdp.all_reduce)  # [N], [N]
+        counts = [len(mb.trained_idx) for mb in mbs]
+        return [(_scattered(mb, pa), _scattered(mb, pr)) for mb, pa, pr in zip(mbs, a.split(counts), ret.split(counts))]
+
+    def _update(self, prep: PreparedBatch, olds: list[OldPass], advantages: list[tuple[Tensor, Tensor | None]],
+                prox_from_update: bool, stats: StepStats) -> list[Tensor]:
         """Forward + backward of every micro-batch, one optimizer step per mini-batch. Returns the grad norms
         (0-d device tensors, read once with the step's other metrics)."""
         grad_norms = []
         if not self.policy.training:
             self.policy.train()
+        per_mb = iter(zip(olds, advantages))
         for mbs in prep.mini_batches:
             self.optimizer.zero_grad(set_to_none=True)
             for i, mb in enumerate(mbs):
                 fsdp.accumulating(self.policy, last=i == len(mbs) - 1)
-                self._backward(mb, stats)
+                self._backward(mb, *next(per_mb), prox_from_update, stats)
             with stage("optimizer"):
                 grad_norms.append(optim.clip_grad_norm(self._trainable(), self.cfg.max_grad_norm, self.optimizer,
                                                        self.loss_scale))
@@ -249,32 +242,43 @@ class Trainer:
         """The fp32 masters the optimizer updates (their gradients are the reduced ones)."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def _backward(self, mb: MicroBatch, stats: StepStats) -> None:
+    def _backward(self, mb: MicroBatch, old: OldPass, advantages: tuple[Tensor, Tensor | None], prox_from_update: bool,
+                  stats: StepStats) -> None:
         cfg = self.cfg
         with stage("forward"):
             logp, entropy, values = self._forward(self.policy, mb)
-        if mb.old_logp is None:  # proximal = these weights (one mini-batch): this forward's own logprobs
-            mb.old_logp = logp.detach()
-            self._set_importance(mb)
-        pg, clipped = losses.policy_loss(logp, mb.old_logp, mb.advantages, mb.seq_lens, cfg, mb.mask)
-        token_loss = mb.is_weights * pg  # [n]
-        terms = {"pg_loss": losses.aggregate(token_loss, mb.agg_weights)}
-        if self.ref is not None:
-            kl = losses.kl_k3(logp, mb.ref_logp, clamp=cfg.kl_clamp)
-            stats.add_masked_sum("kl", kl.detach(), mb.mask)
+        x = self._loss_inputs(mb, old, advantages, logp.detach() if prox_from_update else old.prox_logp)
+        pg, clipped = losses.policy_loss(logp, x.old_logp, x.advantages, x.seq_lens, cfg, x.mask)
+        token_loss = x.is_weights * pg  # [n]
+        terms = {"pg_loss": losses.aggregate(token_loss, x.agg_weights)}
+        if x.ref_logp is not None:
+            kl = losses.kl_k3(logp, x.ref_logp, clamp=cfg.kl_clamp)
+            stats.add_masked_sum("kl", kl.detach(), x.mask)
             if not cfg.kl_in_reward:
                 token_loss = token_loss + cfg.kl_coef * kl
-                terms["kl_loss"] = losses.aggregate(cfg.kl_coef * kl, mb.agg_weights)
+                terms["kl_loss"] = losses.aggregate(cfg.kl_coef * kl, x.agg_weights)
         if values is not None:
-            vl, vclipped = losses.value_loss(values, mb.old_values, mb.returns, cfg.value_clip)
+            vl, vclipped = losses.value_loss(values, x.old_values, x.returns, cfg.value_clip)
             token_loss = token_loss + cfg.value_coef * vl
-            terms["value_loss"] = losses.aggregate(vl, mb.agg_weights)
-            stats.add_masked_sum("value_clip_frac", vclipped, mb.mask)
-        loss = losses.aggregate(token_loss, mb.agg_weights)
+            terms["value_loss"] = losses.aggregate(vl, x.agg_weights)
+            stats.add_masked_sum("value_clip_frac", vclipped, x.mask)
+        loss = losses.aggregate(token_loss, x.agg_weights)
         with stage("backward"):
             self.loss_scale.scaled(loss * self.dist.world_size).backward()
         stats.add_terms({"loss": loss, **terms})
-        stats.add_tokens(mb, entropy, clipped)
+        stats.add_tokens(x, entropy, clipped)
+
+    def _loss_inputs(self, mb: MicroBatch, old: OldPass, advantages: tuple[Tensor, Tensor | None],
+                     prox_logp: Tensor | None) -> LossInputs:
+        """The loss's inputs for `mb`, with the behaviour -> proximal importance weights of `prox_logp` [n]."""
+        assert prox_logp is not None, "the old pass returns proximal logprobs unless the update supplies them"
+        cfg = self.cfg
+        is_weights, is_dropped = losses.importance_weights(
+            prox_logp, mb.behav_logp, cfg.off_policy, cfg.importance_cap, low=cfg.correction.low,
+            level=cfg.correction.level, seq_lens=mb.seq_lens, mask=mb.mask)
+        return LossInputs(mask=mb.mask, agg_weights=mb.agg_weights, seq_lens=mb.seq_lens, behav_logp=mb.behav_logp,
+                          advantages=advantages[0], old_logp=prox_logp, is_weights=is_weights, is_dropped=is_dropped,
+                          returns=advantages[1], old_values=old.values, ref_logp=old.ref_logp)
 
     # ------------------------------------------------------------------ weights, checkpoints, export
 
@@ -338,6 +342,16 @@ def _largest_norm(grad_norms: list[Tensor], loss_scaled: bool) -> float:
     if loss_scaled:
         norms = torch.where(torch.isfinite(norms), norms, torch.zeros_like(norms))
     return norms.max().item()
+
+
+def _trained(per_mb: list[Tensor], mbs: list[MicroBatch], device: torch.device) -> Tensor:
+    """Per-micro-batch token tensors [n_i] -> their trained tokens, packed end to end [N]."""
+    return torch.cat([torch.zeros(0, device=device)] + [x[mb.trained_idx].float() for x, mb in zip(per_mb, mbs)])
+
+
+def _scattered(mb: MicroBatch, trained: Tensor) -> Tensor:
+    """Values of the micro-batch's trained tokens [m] -> [n], 0 on its other tokens."""
+    return torch.zeros_like(mb.behav_logp).index_copy(0, mb.trained_idx, trained)
 
 
 def _packed_logprobs(mb: MicroBatch, rescored: dict[int, np.ndarray]) -> Tensor:

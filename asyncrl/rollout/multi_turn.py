@@ -8,8 +8,8 @@
 Concurrency: environment calls run on the EnvLoop (asyncio thread + thread pool); this object is used from
 the generator thread only and never waits on them: `poll` collects the calls that answered. Episodes
 waiting on their environment hold their group's slots in the worker (its backpressure), not engine rows.
-Each turn re-prefills the history: the torch engine has no prefix cache yet, so KV is not kept between
-turns (see docs/rollouts.md).
+Each turn is a new request with the whole history as its prompt; the engine's prefix cache serves the KV of
+the turns before (within one weight version), so the turn prefills only its new tokens (docs/rollouts.md).
 """
 
 from __future__ import annotations

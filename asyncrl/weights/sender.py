@@ -21,9 +21,12 @@ generator posts its side of bucket i+1 before it loads bucket i (receiver.py).
 
 The learner blocks only inside push()/serve_joins(), and never longer than `timeout_s` per step. A
 generator that times out, errors, or dies is dropped (its group closed, told so if it still listens: it
-then rejoins and gets a full push); the others carry on. Every push is a full push, so a joiner that is
-behind is synced by the next push() or, sooner, by serve_joins() which the learner loop calls between steps
-(a new generator holds off taking prompts until its first update is done).
+then rejoins and gets a full push); the others carry on. A push is a full push (every tensor the engine
+needs), so a joiner that is behind is synced by the next push() or, sooner, by serve_joins() which the
+learner loop calls between steps (a new generator holds off taking prompts until its first update is done).
+The one exception is an adapter-only push with LoRA (`push(..., admit=False)`: A and B only, which the
+engine applies to the base it keeps): it goes to members only, and joiners get their full push (the base and
+the adapters) from serve_joins().
 
 FSDP: every rank iterates the (name, full tensor) stream, because `full_tensor()` is a collective; rank 0
 calls push(), the other ranks call `drain()`. For serve_joins(), rank 0 decides (`has_joins()`) and the
@@ -126,11 +129,14 @@ class WeightSender:
         self._pump(0.0)
         return bool(self._joins)
 
-    def push(self, named_tensors: NamedTensors, version: int) -> PushReport:
-        """Push every tensor to every generator (joiners admitted first); consumes the iterator fully."""
+    def push(self, named_tensors: NamedTensors, version: int, *, admit: bool = True) -> PushReport:
+        """Push every tensor to every generator (joiners admitted first); consumes the iterator fully.
+        admit=False: to the members only, joiners keep waiting for serve_joins(): a push that does not carry
+        the whole model (LoRA adapters only: asyncrl/learner/lora.py) must not be a joiner's first."""
         self._pump(0.0)
         report = PushReport(version=version, generators=[])
-        self._admit(report)
+        if admit:
+            self._admit(report)
         return self._push_to(list(self._members.values()), named_tensors, version, report)
 
     def serve_joins(self, named_tensors: Callable[[], NamedTensors], version: int) -> PushReport | None:

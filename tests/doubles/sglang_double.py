@@ -14,7 +14,9 @@ whose logits depend only on (weights version, prompt, position), so tests can re
 Strict where the real server is: an endpoint that takes a request object refuses a missing body (422),
 /abort_request acts only on a rid the server holds exactly (the prefix rule applies after that check),
 integer sampling fields refuse floats, a duplicate group name fails after the rendezvous, and every
-piece of state (session, pause, groups, version) outlives the client that set it.
+piece of state (session, pause, groups, version) outlives the client that set it. The radix cache
+(`sglang_double_radix`) serves KV across requests by `extra_key` whatever weights computed it, as SGLang's
+does, and poisons a request that got KV of other weights (`stale_kv_served`).
 
 All shared state is guarded by one Condition. Every wait has a timeout (`block_timeout_s`,
 `group_timeout_s`), so a test that forgets a step fails instead of hanging.
@@ -36,6 +38,7 @@ import torch
 
 from tests.doubles.fake_model import FakeModel, log_softmax
 from tests.doubles.sglang_double_generate import BadRequest, Req, parse_generate, render
+from tests.doubles.sglang_double_radix import RadixCache
 from tests.doubles.sglang_double_weights import NOT_FOUND
 from tests.doubles.sglang_double_weights import ROUTES as weight_routes
 from tests.doubles.sglang_ranks import FakeRanks
@@ -94,7 +97,8 @@ class SGLangDouble:
         self.crashed = False
         self.tokens_generated = 0
         self.calls: list[tuple[str, Any]] = []  # (path, JSON body) of every POST, for tests to inspect
-        self.prefix_cache: set[tuple[int, ...]] = set()
+        self.prefix_cache = RadixCache()
+        self.stale_kv_served = 0  # requests that were given KV computed by other weights than the server's
         self._writer = False
         self._writers_waiting = 0
         self._closed = False
@@ -178,6 +182,7 @@ class SGLangDouble:
             with self.cond:
                 for r in reqs:
                     self.in_flight.pop(r.rid, None)
+                    self._cache(r)
                 self.cond.notify_all()
         answers = [self._render(r, call.logprob_start_len) for r in reqs]
         return 200, answers[0] if call.single else answers
@@ -191,10 +196,30 @@ class SGLangDouble:
         req = Req(rid=call.rids[prompt_index * call.n + sample], prompt=list(prompt), params=params,
                   rng=np.random.default_rng(seed), return_logprob=call.return_logprob,
                   logprob_start_len=call.logprob_start_len)  # fmt: skip
-        req.cached_tokens = len(prompt) if tuple(prompt) in self.prefix_cache else 0
-        self.prefix_cache.add(tuple(prompt))
+        req.extra_key = call.extra_keys[prompt_index]
+        req.cached_tokens = self._prefill(req, len(prompt))
+        self.prefix_cache.insert(req.extra_key, req.prompt, req.kv_versions)
         self.in_flight[req.rid] = req
         return req
+
+    def _prefill(self, r: Req, fed: int) -> int:
+        """The KV of the request's first `fed` ids: the radix cache's longest match, the rest computed now ->
+        the ids matched. Caller holds `cond`."""
+        cached = self.prefix_cache.match(r.extra_key, (r.prompt + r.output)[: fed + 1])[:fed]
+        if any(v != self.version for v in cached):
+            r.stale = True
+            self.stale_kv_served += 1
+        r.kv_versions = cached + [self.version] * (fed - len(cached))
+        return len(cached)
+
+    def _fed(self, r: Req) -> int:
+        """Ids whose KV exists: the prompt, and every output id but the last (the next step's input)."""
+        return len(r.prompt) + max(len(r.output) - 1, 0)
+
+    def _cache(self, r: Req) -> None:
+        """Keep a request's KV in the radix cache (SGLang caches finished, aborted and retracted requests)."""
+        fed = self._fed(r)
+        self.prefix_cache.insert(r.extra_key, (r.prompt + r.output)[:fed], r.kv_versions[:fed])
 
     def _decode_loop(self, reqs: list[Req]) -> None:
         while True:
@@ -214,7 +239,10 @@ class SGLangDouble:
         """One token for one sample; caller holds `cond`. Length is checked before stop tokens (SGLang)."""
         limit = int(r.params.get("max_new_tokens", 128))
         if len(r.output) < limit:
+            if r.output:  # this step feeds the last output id: its KV is computed by the weights of now
+                r.kv_versions.append(self.version)
             version = "garbage" if self.weights_garbage else self.version
+            version = f"{version}+stale-kv" if r.stale else version
             token, lp = self.model.sample(r.rng, version, r.prompt, len(r.output), r.params)
             r.output.append(token)
             r.logprobs.append(lp)
@@ -248,8 +276,9 @@ class SGLangDouble:
                 if mode == "abort":
                     self._abort(r)
                 elif mode == "retract" and r.state == "running" and r.finish is None:
-                    r.state = "waiting"
+                    r.state = "waiting"  # its KV goes to the radix cache; continue recomputes what is not there
                     r.num_retractions += 1
+                    self._cache(r)
             self.cond.notify_all()
             if mode == "abort":
                 self._wait(lambda: not self.in_flight, "aborted requests to return")
@@ -259,6 +288,8 @@ class SGLangDouble:
         with self.cond:
             self.paused = None
             for r in self.in_flight.values():
+                if r.state == "waiting":
+                    self._prefill(r, self._fed(r))
                 r.state = "running"
             self.cond.notify_all()
         return 200, {"message": "Generation continued successfully.", "status": "ok"}

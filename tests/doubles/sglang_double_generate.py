@@ -53,6 +53,9 @@ class Req:
     finish: dict[str, Any] | None = None
     reduced_meta: bool = False  # aborted in the waiting queue: SGLang's reduced meta_info
     cached_tokens: int = 0
+    extra_key: str | None = None  # the radix-cache namespace the request was sent with
+    kv_versions: list[str] = field(default_factory=list)  # version that computed the KV of each id fed so far
+    stale: bool = False  # it was served KV of other weights (sglang_double_radix): its logits are poisoned
 
 
 @dataclass(slots=True)
@@ -64,6 +67,7 @@ class GenerateCall:
     rids: list[str]  # one per sample, prompt-major
     return_logprob: bool
     logprob_start_len: int
+    extra_keys: list[str | None]  # one per prompt
 
 
 def parse_generate(body: Any, *, context_len: int, skip_tokenizer_init: bool, vocab_size: int) -> GenerateCall:
@@ -97,7 +101,16 @@ def parse_generate(body: Any, *, context_len: int, skip_tokenizer_init: bool, vo
         prompts=prompts, params=params, n=n, single=not batch and n == 1,
         rids=_rids(body.get("rid"), len(prompts), n, batch),
         return_logprob=bool(body.get("return_logprob", False)), logprob_start_len=start,
+        extra_keys=_extra_keys(body.get("extra_key"), len(prompts)),
     )  # fmt: skip
+
+
+def _extra_keys(value: Any, n_prompts: int) -> list[str | None]:
+    """GenerateReqInput.extra_key: a string (every prompt) or one string per prompt."""
+    values = value if isinstance(value, list) else [value] * n_prompts
+    if len(values) != n_prompts or not all(v is None or isinstance(v, str) for v in values):
+        raise BadRequest(f"extra_key must be a string or a list of {n_prompts} strings, got {value!r}")
+    return values
 
 
 def _prompts(body: dict, skip_tokenizer_init: bool, vocab_size: int) -> tuple[list[list[int]], bool]:

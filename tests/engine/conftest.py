@@ -73,11 +73,11 @@ def _one_thread():
 def triton_device(request) -> str:
     """Where a Triton kernel test runs: "cpu" in the Triton interpreter (TRITON_INTERPRET=1 set for the whole run,
     else skipped), "cuda" compiled. Without Triton both skip."""
-    from asyncrl.engine.torch import triton_ops
+    from asyncrl.engine.torch import kernels
 
-    if not triton_ops.HAS_TRITON:
+    if not kernels.ops.HAS_TRITON:
         pytest.skip("needs Triton")
-    if request.param == "cpu" and not triton_ops._INTERPRET:
+    if request.param == "cpu" and not kernels.ops._INTERPRET:
         pytest.skip("the kernel runs on CPU only with TRITON_INTERPRET=1 set for the whole run")
     if request.param == "cpu":
         import numpy as np

@@ -1,7 +1,7 @@
-"""Decode attention that rotates and stores the step's own token (`triton_attention.NewTokens`) against the two launches
-it replaces (`rotary_store`, then `decode_attention` on the rotated q): bitwise the same output and the same caches,
-in one pass and split over the context (the program that owns a row's last chunk stores), for contexts at chunk
-borders, q/k/v as strided views of one projection, and under a CUDA graph.
+"""Decode attention that rotates and stores the step's own token (`kernels.attention.NewTokens`) against the two
+launches it replaces (`rotary_store`, then `decode_attention` on the rotated q): bitwise the same output and the
+same caches, in one pass and split over the context (the program that owns a row's last chunk stores), for contexts at
+chunk borders, q/k/v as strided views of one projection, and under a CUDA graph.
 
 "cpu" runs the kernels in the Triton interpreter (TRITON_INTERPRET=1 for the whole run), "cuda" compiled; the
 interpreter's tl.dot multiplies bf16 as raw bits, so CPU runs fp32 and fp16.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.engine.torch import triton_attention, triton_ops
+from asyncrl.engine.torch.kernels import attention, ops
 from asyncrl.engine.torch.model.layers import RotaryEmbedding, default_inv_freq
 
 pytestmark = pytest.mark.filterwarnings(  # Triton < 3.7's interpreter under numpy 2.3
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
 
-CHUNK = triton_attention.SPLIT_CHUNK
+CHUNK = attention.SPLIT_CHUNK
 
 
 @pytest.fixture
@@ -55,17 +55,17 @@ def _case(ctxs, width, device, dtype, *, heads=14, kv=2, d=64, page=16, seed=0):
 
 def _two_launches(c, single_pass):
     kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
-    q, _ = triton_ops.rotary_store(c["q"], c["k"], c["v"], c["positions"], c["cos"], c["sin"], c["slots"], kc, vc,
+    q, _ = ops.rotary_store(c["q"], c["k"], c["v"], c["positions"], c["cos"], c["sin"], c["slots"], kc, vc,
                                    want_k=False)
-    out = triton_attention.decode_attention(q, kc, vc, c["block_tables"], c["context_lens"], c["scale"], single_pass)
+    out = attention.decode_attention(q, kc, vc, c["block_tables"], c["context_lens"], c["scale"], single_pass)
     return out, kc, vc
 
 
 def _fused(c, single_pass):
     kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
-    new = triton_attention.NewTokens(c["k"], c["v"], c["positions"], c["cos"], c["sin"], c["slots"])
-    out = triton_attention.decode_attention(c["q"], kc, vc, c["block_tables"], c["context_lens"], c["scale"], single_pass,
-                                      new)
+    new = attention.NewTokens(c["k"], c["v"], c["positions"], c["cos"], c["sin"], c["slots"])
+    out = attention.decode_attention(c["q"], kc, vc, c["block_tables"], c["context_lens"], c["scale"], single_pass,
+                                     new)
     return out, kc, vc
 
 
@@ -85,10 +85,10 @@ def test_fused_equals_rotary_then_attention(device, single_pass):
 def test_split_store_by_the_last_chunks_owner_when_programs_loop(device, monkeypatch):
     """With fewer programs than chunks a program takes every programs-th chunk; the one holding the last
     chunk stores, whichever it is."""
-    monkeypatch.setattr(triton_attention, "_SPLIT_PROGRAMS", 2 * 3)  # batch 3 x kv 2: one program per row and head
+    monkeypatch.setattr(attention, "_SPLIT_PROGRAMS", 2 * 3)  # batch 3 x kv 2: one program per row and head
     case = _case([CHUNK + 5, 3 * CHUNK, 2 * CHUNK + 1], 3 * CHUNK // 16 + 1, device, torch.float32, seed=1)
     _assert_same(_fused(case, False), _two_launches(case, False))
-    monkeypatch.setattr(triton_attention, "_SPLIT_PROGRAMS", 2 * 3 * 2)  # two programs per row: chunks 0, 2 | 1
+    monkeypatch.setattr(attention, "_SPLIT_PROGRAMS", 2 * 3 * 2)  # two programs per row: chunks 0, 2 | 1
     _assert_same(_fused(case, False), _two_launches(case, False))
 
 
@@ -104,16 +104,16 @@ def test_fused_writes_only_the_new_slots(device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_under_cuda_graph():
     """Captured once, replayed on new contexts and values: the same bits as the two launches, eagerly."""
-    if not triton_ops.HAS_TRITON:
+    if not ops.HAS_TRITON:
         pytest.skip("needs Triton")
     width = 2 * CHUNK // 16 + 4
     static = _case([1] * 6, width, "cuda", torch.bfloat16)
     kc, vc = static["k_cache"], static["v_cache"]
-    new = triton_attention.NewTokens(static["k"], static["v"], static["positions"], static["cos"], static["sin"],
+    new = attention.NewTokens(static["k"], static["v"], static["positions"], static["cos"], static["sin"],
                                static["slots"])
 
     def run():
-        return triton_attention.decode_attention(static["q"], kc, vc, static["block_tables"], static["context_lens"],
+        return attention.decode_attention(static["q"], kc, vc, static["block_tables"], static["context_lens"],
                                            static["scale"], False, new)
 
     run()

@@ -1,4 +1,4 @@
-"""Split-context decode attention (`triton_attention.decode_attention_split`) against the torch reference
+"""Split-context decode attention (`kernels.attention.decode_attention_split`) against the torch reference
 (`paged_attention.decode_attention_torch`) and the one-pass kernel.
 
 "cpu" runs the kernels in the Triton interpreter and needs TRITON_INTERPRET=1 in the environment
@@ -15,14 +15,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.engine.torch import triton_attention, triton_ops
+from asyncrl.engine.torch.kernels import attention, ops
 from asyncrl.engine.torch.paged_attention import decode_attention_torch
 
 pytestmark = pytest.mark.filterwarnings(  # Triton < 3.7's interpreter under numpy 2.3
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
 
 CUDA = torch.cuda.is_available()
-CHUNK = triton_attention.SPLIT_CHUNK
+CHUNK = attention.SPLIT_CHUNK
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -71,7 +71,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 def test_split_matches_reference(device, dtype, group, d):
     _skip_bf16_on_cpu(device, dtype)
     case = _case(MIXED, 4 * CHUNK // 16 + 3, device, dtype, group=group, d=d)
-    out = triton_attention.decode_attention_split(**case)
+    out = attention.decode_attention_split(**case)
     assert out.dtype == dtype and out.shape == case["q"].shape
     torch.testing.assert_close(out.cpu().float(), _reference(case), atol=TOL[dtype], rtol=0)
 
@@ -82,7 +82,7 @@ def test_rows_of_one_chunk_match_one_pass_bitwise(device, dtype):
     whichever path `decode_attention` takes for the batch."""
     _skip_bf16_on_cpu(device, dtype)
     case = _case([1, 63, 64, 65, CHUNK - 1, CHUNK], 2 * CHUNK // 16, device, dtype)
-    assert torch.equal(triton_attention.decode_attention_split(**case), triton_attention.decode_attention_single(**case))
+    assert torch.equal(attention.decode_attention_split(**case), attention.decode_attention_single(**case))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -91,21 +91,21 @@ def test_split_is_batch_invariant(device, dtype, monkeypatch):
     row looping over all its chunks instead of one program per chunk."""
     _skip_bf16_on_cpu(device, dtype)
     case = _case([CHUNK + 1, 5, 3 * CHUNK + 17, 2 * CHUNK, 1], 4 * CHUNK // 16 + 2, device, dtype, seed=1)
-    full = triton_attention.decode_attention_split(**case)
+    full = attention.decode_attention_split(**case)
     for i in (0, 2):
-        assert torch.equal(triton_attention.decode_attention_split(**_row(case, i))[0], full[i])
+        assert torch.equal(attention.decode_attention_split(**_row(case, i))[0], full[i])
     perm = torch.tensor([4, 2, 0, 3, 1], device=device)
     shuffled = {k: v[perm] if k in ("q", "block_tables", "context_lens") else v for k, v in case.items()}
-    assert torch.equal(triton_attention.decode_attention_split(**shuffled), full[perm])
-    monkeypatch.setattr(triton_attention, "_SPLIT_PROGRAMS", 1)
-    assert torch.equal(triton_attention.decode_attention_split(**case), full)
+    assert torch.equal(attention.decode_attention_split(**shuffled), full[perm])
+    monkeypatch.setattr(attention, "_SPLIT_PROGRAMS", 1)
+    assert torch.equal(attention.decode_attention_split(**case), full)
 
 
 def test_decode_attention_picks_by_table_width(device):
     narrow = _case([1, 40, CHUNK], CHUNK // 16, device, torch.float32)
-    assert torch.equal(triton_attention.decode_attention(**narrow), triton_attention.decode_attention_single(**narrow))
+    assert torch.equal(attention.decode_attention(**narrow), attention.decode_attention_single(**narrow))
     wide = _case([1, 40, 2 * CHUNK + 3], 2 * CHUNK // 16 + 1, device, torch.float32)
-    assert torch.equal(triton_attention.decode_attention(**wide), triton_attention.decode_attention_split(**wide))
+    assert torch.equal(attention.decode_attention(**wide), attention.decode_attention_split(**wide))
 
 
 @pytest.mark.gpu
@@ -114,18 +114,18 @@ def test_decode_attention_picks_by_table_width(device):
 def test_split_under_cuda_graph_replays_for_new_contexts(dtype):
     """One capture at a fixed table width, replayed with other contexts, tables and values: each replay
     matches the reference and, bitwise, an eager call on the same inputs."""
-    if not triton_ops.HAS_TRITON:
+    if not ops.HAS_TRITON:
         pytest.skip("needs Triton")
     width = 64  # 1,024 tokens: 8 chunks
     static = _case([1] * 8, width, "cuda", dtype)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile outside the capture
-        triton_attention.decode_attention(**static)
+        attention.decode_attention(**static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = triton_attention.decode_attention(**static)
+        out = attention.decode_attention(**static)
     for seed, ctxs in enumerate(([1, CHUNK, CHUNK + 1, 1000, 64, 2 * CHUNK, 1024, 3],
                                  [1024, 5, 3 * CHUNK + 17, CHUNK, 1, 700, 129, 2 * CHUNK + 1])):
         case = _case(ctxs, width, "cuda", dtype, seed=seed + 1)
@@ -135,4 +135,4 @@ def test_split_under_cuda_graph_replays_for_new_contexts(dtype):
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out.cpu().float(), _reference(case), atol=TOL[dtype], rtol=0)
-        assert torch.equal(out, triton_attention.decode_attention_split(**case))
+        assert torch.equal(out, attention.decode_attention_split(**case))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from engine_helpers import drain, engine, request
 
-from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch import kernels
 from asyncrl.engine.torch.model.layers import RMSNorm
 
 
@@ -42,8 +42,8 @@ def test_fused_kernel_matches_the_torch_path(triton_device, monkeypatch):
     with torch.no_grad():
         fused0, r0 = norm.add_forward(x, None, stream_fp32=True)
         fused1, r1 = norm.add_forward(y, r0)
-        assert triton_ops.enabled(y)
-        monkeypatch.setattr(triton_ops, "enabled", lambda t: False)
+        assert kernels.ops.enabled(y)
+        monkeypatch.setattr(kernels.ops, "enabled", lambda t: False)
         ref1, ref_r1 = norm.add_forward(y, r0.clone())
     assert r1.dtype == torch.float32 and torch.equal(r1, ref_r1)
     assert torch.equal(fused1, ref1)

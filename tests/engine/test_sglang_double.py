@@ -106,6 +106,44 @@ def test_flush_cache_rules(double, pool):
     assert out["meta_info"]["num_retractions"] == 1 and out["meta_info"]["finish_reason"]["type"] == "length"
 
 
+def greedy(double, ids, extra_key=None, tokens=4):
+    body = {"input_ids": ids, "return_logprob": True, "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0}}
+    status, out = post(double, "/generate", body | ({"extra_key": extra_key} if extra_key else {}))
+    assert status == 200
+    return out
+
+
+def test_radix_cache_serves_kv_by_extra_key_whatever_weights_computed_it(double):
+    prompt = [1, 2, 3, 4, 5]
+    first = greedy(double, prompt, "k")
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert greedy(double, prompt, "k")["meta_info"]["cached_tokens"] == 4  # the last id is always recomputed
+    turn2 = prompt + first["output_ids"] + [9]  # continues turn 1: its KV is cached too, but the last output id
+    assert greedy(double, turn2, "k")["meta_info"]["cached_tokens"] == len(prompt) + 3
+    assert greedy(double, prompt, "other")["meta_info"]["cached_tokens"] == 0  # another namespace
+    assert post(double, "/generate", {"input_ids": prompt, "extra_key": 3})[0] == 400
+    post(double, "/update_weight_version", {"new_version": "2", "abort_all_requests": False})  # no flush
+    stale = greedy(double, prompt, "k")
+    assert stale["meta_info"]["cached_tokens"] == 4 and double.stale_kv_served == 1  # served the old KV
+    want = [double.model.logprobs("2", prompt, i, 0.0)[t] for i, t in enumerate(stale["output_ids"])]
+    got = [lp for lp, _, _ in stale["meta_info"]["output_token_logprobs"]]
+    assert got != pytest.approx(want, abs=1e-3)  # poisoned: no version's logprobs
+    fresh = greedy(double, prompt, "k2")
+    assert fresh["meta_info"]["cached_tokens"] == 0 and double.stale_kv_served == 1
+    assert post(double, "/flush_cache")[0] == 200 and not double.prefix_cache
+    assert greedy(double, prompt, "k")["meta_info"]["cached_tokens"] == 0
+
+
+def test_a_retracted_request_resumes_from_the_radix_cache(double, pool):
+    running = long_generate(double, pool, max_new_tokens=200)
+    wait_until(lambda: double.tokens_generated > 3)
+    post(double, "/pause_generation", {"mode": "retract"})
+    post(double, "/update_weight_version", {"new_version": "1", "abort_all_requests": False})
+    post(double, "/continue_generation", {})  # no flush: the resumed request finds its own old-weight KV
+    running.result(timeout=10)
+    assert double.stale_kv_served == 1
+
+
 def test_pause_abort_returns_partial_and_blocks_new_requests(double, pool):
     running = long_generate(double, pool)
     wait_until(lambda: double.tokens_generated > 2)

@@ -176,6 +176,53 @@ def test_in_place_mode_skips_the_flush(double):
         assert len(collect(engine)[0].token_ids) == 100
 
 
+def update_while_running(engine, double, mode: str) -> None:
+    """A request "warm" of PROMPT finished (its KV in the server's radix cache), one long request running, then
+    a weight update to version 5 under pause(mode)."""
+    engine.add(request("warm", max_new_tokens=4))
+    collect(engine)
+    engine.add(request("long", prompt=[9, 9, 9], ignore_eos=True, max_new_tokens=150))
+    wait_until(lambda: double.tokens_generated >= 8, what="tokens")
+    engine.pause(mode)
+    engine.begin_weight_update()
+    engine.end_weight_update(5)
+    engine.resume()
+
+
+@pytest.mark.parametrize("continue_mode", ["in_place", "retract"])
+def test_after_an_update_no_request_is_served_old_weights_kv(double, continue_mode):
+    with make_engine(double, continue_mode=continue_mode) as engine:
+        update_while_running(engine, double, "continue")
+        engine.add(request("after", temperature=0.7, max_new_tokens=6))
+        outs = {o.request_id: o for o in collect(engine)}
+        assert double.stale_kv_served == 0
+        np.testing.assert_allclose(outs["after"].logprobs, expected_logprobs(double, PROMPT, outs["after"], 0.7, "5"),
+                                   rtol=1e-5)
+        assert outs["long"].versions[0] == 0 and outs["long"].versions[-1] == 5  # continued across the update
+        hits = engine.stats().prefix_cache_hit_tokens
+        engine.add(request("again", max_new_tokens=2))
+        collect(engine)
+        assert engine.stats().prefix_cache_hit_tokens == hits + len(PROMPT) - 1  # the new weights' KV is reused
+    keys = [body["extra_key"] for path, body in double.calls if path == "/generate"]
+    assert keys[0] == keys[1] != keys[2] == keys[3] and keys[2].startswith("asyncrl-v5-")
+
+
+@pytest.mark.parametrize(("mode", "continue_mode", "caught"), [
+    ("continue", "in_place", True),  # in_place cannot flush: only the namespace keeps old KV away
+    ("continue", "retract", False),  # retract flushes while paused
+    ("abort", "retract", False),  # abort flushes once idle
+])
+def test_the_double_serves_stale_kv_to_an_adapter_that_keeps_one_namespace(double, monkeypatch, mode, continue_mode,
+                                                                          caught):
+    monkeypatch.setattr("asyncrl.engine.sglang.engine._cache_key", lambda version: "one-namespace")
+    with make_engine(double, continue_mode=continue_mode) as engine:
+        update_while_running(engine, double, mode)
+        engine.add(request("after", max_new_tokens=6))
+        collect(engine)
+    assert (double.stale_kv_served > 0) == caught
+    assert (("/flush_cache", None) in double.calls or ("/flush_cache", {}) in double.calls) == (not caught)
+
+
 def test_legacy_server_skips_begin_and_end_and_keeps_requests_running():
     with SGLangDouble(version_mode="legacy") as d, make_engine(d) as engine:
         engine.add(request("a", ignore_eos=True, max_new_tokens=150))

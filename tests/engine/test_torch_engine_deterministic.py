@@ -8,13 +8,13 @@ import pytest
 import torch
 from engine_helpers import drain, engine, request
 
-from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch import kernels
 from asyncrl.engine.torch.sampler import SamplingBatch, sample
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 FUSED_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: the kernel under TRITON_INTERPRET=1
-FUSED = pytest.mark.skipif(not triton_ops.enabled(torch.empty(1, device=FUSED_DEVICE)),
+FUSED = pytest.mark.skipif(not kernels.ops.enabled(torch.empty(1, device=FUSED_DEVICE)),
                            reason="needs Triton on a CUDA device (or TRITON_INTERPRET=1)")
 
 
@@ -45,7 +45,7 @@ def test_deterministic_mode_is_batch_invariant_cuda_bf16(qwen2_path):
 @pytest.mark.gpu
 @CUDA
 def test_fused_sampler_matches_reference():
-    from asyncrl.engine.torch.triton_sampler import sample_fused
+    from asyncrl.engine.torch.kernels.sampler import sample_fused
 
     torch.manual_seed(0)
     batch, vocab = 64, 5003
@@ -61,12 +61,12 @@ def test_fused_sampler_matches_reference():
     assert (fused[0].long() == tokens).float().mean().item() >= 0.98  # log() may differ by an ulp
     same = fused[0].long() == tokens
     assert torch.allclose(fused[1][same].float(), logprobs[same], atol=1e-5)
-    assert triton_ops.enabled(logits)
+    assert kernels.ops.enabled(logits)
 
 
 @FUSED
 def test_fused_sampler_forced_rows_are_bitwise_the_sampled_ones():
-    from asyncrl.engine.torch.triton_sampler import sample_fused
+    from asyncrl.engine.torch.kernels.sampler import sample_fused
 
     torch.manual_seed(0)
     batch, vocab = 16, 5003  # vocab > BLOCK_V: the forced token may sit in any chunk

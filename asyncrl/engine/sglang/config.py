@@ -23,8 +23,9 @@ class SGLangConfig:
     learner has joined the rendezvous or finished broadcasting the bucket."""
     continue_mode: Literal["retract", "in_place"] = "retract"
     """SGLang pause mode used for `pause("continue")`. "retract" frees the KV of running requests, which
-    re-prefill under the new weights, and lets the prefix cache be flushed. "in_place" keeps old-weight
-    KV and forbids flushing, so the prefix cache serves stale KV after the update (docs/sglang.md)."""
+    re-prefill under the new weights, and lets the prefix cache be flushed. "in_place" keeps the running
+    requests' old-weight KV and forbids flushing; requests sent after the update still never reuse old-weight
+    KV, because each carries a radix-cache namespace (`extra_key`) renewed at every update (docs/sglang.md)."""
     flush_timeout_s: float = 60.0
     """How long /flush_cache is retried (it fails while requests are running) before giving up."""
     abort_drain_s: float = 5.0

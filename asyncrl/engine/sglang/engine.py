@@ -14,6 +14,11 @@ Concurrency:
 * `step` returns whatever finished since the last call, waiting at most 10 ms for the first output.
 * Staleness: none is added here; each token carries the version SGLang reports for it (its
   `weight_versions` spans), so tokens of a request that spans an update are stamped per token.
+* Prefix cache: every /generate carries `extra_key`, SGLang's radix-cache namespace, renewed at every weight
+  update (`_cache_key`, taken when a worker sends the request). A request sent after an update can then never be
+  served KV the old weights computed, even where the cache cannot be flushed (continue_mode "in_place"); the
+  requests in the server at the update keep theirs, the documented continue mode. abort and retract pauses also
+  flush the cache while the server is idle, which frees the old pages at once.
 
 Weights: one public API, the weight receiver's (asyncrl.weights.transport.DirectReceiver):
 `init_weights_group` -> (`begin_weight_update` -> `receive_bucket`... -> `end_weight_update`)... ->
@@ -42,10 +47,12 @@ from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.engine.sglang.client import SGLangConnectionError, SGLangError, SGLangHTTP
 from asyncrl.engine.sglang.generate import (
     aborted_unsent,
+    cache_counts,
     generate_payload,
     parse_outputs,
     sample_rids,
     version_number,
+    with_cache_key,
 )
 from asyncrl.engine.sglang.weights import INCOMPLETE, SGLangWeightSync
 from asyncrl.records import FinishReason, WeightBucket, WeightGroupInit
@@ -75,6 +82,7 @@ class SGLangEngine:
         if self._weights.recover():
             label = INCOMPLETE
         self._version = version_number(label)
+        self._cache_key = _cache_key(self._version)
         self._tp_size: int | None = None
         self._group_name: str | None = None  # the group joined through init_weights_group
         self._cond = threading.Condition()
@@ -85,6 +93,7 @@ class SGLangEngine:
         self._paused = False
         self._closed = False
         self._tokens = 0
+        self._prompt_tokens = self._cached_tokens = 0  # as the server reports them
         self._workers = [
             threading.Thread(target=self._work, name=f"sglang-generate-{i}", daemon=True)
             for i in range(config.max_in_flight)
@@ -140,6 +149,8 @@ class SGLangEngine:
                 waiting=sum(j.request.n for j in self._waiting),
                 tokens_generated=self._tokens,
                 weight_version=self._version,
+                prefill_tokens=self._prompt_tokens - self._cached_tokens,
+                prefix_cache_hit_tokens=self._cached_tokens,
             )
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationOutput]:
@@ -172,7 +183,8 @@ class SGLangEngine:
         """'abort': SGLang aborts everything in flight (partial outputs are returned here, with the
         requests not yet sent), then the prefix cache is flushed. 'continue': requests stay in SGLang
         under `config.continue_mode` ("retract" by default: their KV is dropped and recomputed under the
-        new weights, so the cache can be flushed; "in_place" keeps stale KV and cannot flush)."""
+        new weights, so the cache can be flushed; "in_place" keeps their old KV and cannot flush, and the
+        requests sent after the update reuse none of it: a new cache namespace, `end_weight_update`)."""
         if mode not in ("abort", "continue"):
             raise ValueError(f"pause mode {mode!r}: must be 'abort' or 'continue'")
         if mode == "continue":
@@ -222,7 +234,9 @@ class SGLangEngine:
 
     def end_weight_update(self, version: int) -> None:
         self._weights.end(version)
-        self._version = version
+        with self._cond:
+            self._version = version
+            self._cache_key = _cache_key(version)  # requests sent from now on reuse no KV of older weights
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Not supported: SGLang loads weights in its own scheduler processes, from a broadcast."""
@@ -305,10 +319,11 @@ class SGLangEngine:
                     return
                 job = self._waiting.popleft()
                 self._running[job.rid] = job
+                key = self._cache_key
             outputs: list[GenerationOutput] = []
             error: SGLangError | None = None
             try:
-                outputs = self._generate(job)
+                outputs = self._generate(job, key)
             except SGLangError as e:
                 e.add_note(f"while generating request {job.request.request_id!r}")
                 error = e
@@ -320,11 +335,17 @@ class SGLangEngine:
                     self._errors.append(error)
                 self._cond.notify_all()
 
-    def _generate(self, job: _Job) -> list[GenerationOutput]:
+    def _generate(self, job: _Job, cache_key: str) -> list[GenerationOutput]:
         sent = time.monotonic()
-        resp = self._http.call("/generate", job.body, timeout_s=self.config.generate_timeout_s)
+        body = with_cache_key(job.body, cache_key)
+        resp = self._http.call("/generate", body, timeout_s=self.config.generate_timeout_s)
         timings = {"queue": sent - job.queued_at, "http": time.monotonic() - sent}
-        return parse_outputs(job.request, resp.json(), timings)
+        answer = resp.json()
+        prompt_tokens, cached_tokens = cache_counts(answer)
+        with self._cond:
+            self._prompt_tokens += prompt_tokens
+            self._cached_tokens += cached_tokens
+        return parse_outputs(job.request, answer, timings)
 
     def _take_jobs(self, match: Callable[[_Job], bool]) -> tuple[list[GenerationOutput], list[_Job]]:
         """Remove matching unsent jobs (returned as empty aborted outputs); list matching running ones."""
@@ -394,3 +415,9 @@ class SGLangEngine:
     def _server_info(self) -> dict[str, Any]:
         info = self._http.call("/server_info", None, method="GET", timeout_s=self.config.request_timeout_s).json()
         return info if isinstance(info, dict) else {}
+
+
+def _cache_key(version: int) -> str:
+    """A radix-cache namespace for the weights loaded now: unique per update and per adapter (a version number
+    may recur: a restarted run, a recovered server's label), so no two weights ever share one."""
+    return f"asyncrl-v{version}-{uuid.uuid4().hex[:12]}"

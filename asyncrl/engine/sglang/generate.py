@@ -89,6 +89,20 @@ def generate_payload(
     return body
 
 
+def with_cache_key(body: dict[str, Any], key: str) -> dict[str, Any]:
+    """The body with SGLang's radix-cache namespace (`extra_key`, one per prompt of a batch): a request reuses
+    only KV computed under the same key, which the adapter renews at every weight update."""
+    batch = isinstance(body["input_ids"][0], list)
+    return body | {"extra_key": [key] * len(body["input_ids"]) if batch else key}
+
+
+def cache_counts(answer: Any) -> tuple[int, int]:
+    """-> (prompt tokens, of them served by the server's prefix cache), summed over the samples it reports."""
+    items = answer if isinstance(answer, list) else [answer]
+    metas = [(item.get("meta_info") or {}) if isinstance(item, dict) else {} for item in items]
+    return sum(int(m.get("prompt_tokens") or 0) for m in metas), sum(int(m.get("cached_tokens") or 0) for m in metas)
+
+
 def parse_outputs(request: GenerationRequest, answer: Any, timings: dict[str, float]) -> list[GenerationOutput]:
     """One GenerationOutput per sample, sample_index = position in SGLang's (prompt-major) list."""
     items = answer if isinstance(answer, list) else [answer]

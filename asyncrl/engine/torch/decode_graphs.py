@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from asyncrl.engine.torch.sequence import Sequence
-from asyncrl.engine.torch.triton_staging import unpack_rows
+from asyncrl.engine.torch.kernels.staging import unpack_rows
 
 # ints rows: input id, position, cache slot, context length, seed, step, forced token (-1: sample), and for a
 # step run ahead (`stage(..., src)`) the row of the previous step's samples that holds each row's input id
@@ -161,7 +161,7 @@ class DecodeBuffers:
 class DecodeGraphs:
     """One captured graph per (bucket size, single_pass); `step(size, single_pass=...)` is the eager decode step
     being captured and must return (logits [size, vocab], sampled [2, size]). single_pass: the variant whose
-    decode attention never splits a context (`triton_attention.SINGLE_PASS_MAX_CONTEXT`), captured only for the
+    decode attention never splits a context (`kernels.attention.SINGLE_PASS_MAX_CONTEXT`), captured only for the
     sizes the runner replays it at."""
 
     def __init__(self, step: Callable[..., tuple[torch.Tensor, torch.Tensor]], keys: list[tuple[int, bool]]) -> None:

@@ -7,7 +7,8 @@ One thread (the generator service) drives it:
     pause ▸ begin_weight_update ▸ load_weights* ▸ end_weight_update(v) ▸ resume   (between steps)
 
 Every sampled token is stamped with the weight version current when its step was launched. With
-pause('continue') in-flight sequences keep their KV cache and continue under the new weights.
+pause('continue') in-flight sequences keep their KV cache and continue under the new weights. With
+`prefix_cache`, requests reuse full KV pages of earlier ones computed by the same weights (`prefix_cache`).
 `score(groups)` runs given responses through the same steps with their tokens forced (`scoring`).
 
 Overlapped decode (`overlap`, on by default with CUDA graphs): a decode step is launched before the previous
@@ -22,6 +23,7 @@ given a row in the next step, which is computed and discarded.
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import time
@@ -34,6 +36,7 @@ from asyncrl.stage import stage
 from asyncrl import dtypes
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.kv_cache import KVCache
+from asyncrl.engine.torch.adapter_merge import AdapterMerge, LoraSpec
 from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights
 from asyncrl.engine.torch.model_runner import ModelRunner
 from asyncrl.engine.protocol import (
@@ -72,6 +75,8 @@ class TorchEngine:
         overlap: bool | None = None,
         residual_fp32: bool = False,
         logits_fp32: bool = False,
+        prefix_cache: bool = False,
+        lora: LoraSpec | None = None,
     ) -> None:
         """model_path: a Hugging Face causal-LM folder. dtype: "auto" (bfloat16 on CUDA, float32 on
         CPU), a name or a torch.dtype. num_kv_blocks: KV cache size in blocks of `kv_block_size`
@@ -85,7 +90,10 @@ class TorchEngine:
         enough that it does not happen. overlap: launch each decode step before reading the previous
         one's results (module docstring); default: on with CUDA graphs on CUDA, off otherwise (deterministic
         mode keeps the synchronous loop). residual_fp32: keep the residual stream in fp32; logits_fp32: keep the
-        lm_head's output in fp32 (the learner must do the same: ModelConfig.residual_fp32 / logits_fp32)."""
+        lm_head's output in fp32 (the learner must do the same: ModelConfig.residual_fp32 / logits_fp32).
+        prefix_cache: reuse the KV of full pages across requests, within one weight version (`prefix_cache`; not in
+        deterministic mode, where a hit would make a sample's numbers depend on what ran before). lora: updates
+        may carry LoRA adapters only, applied from a kept pristine base (adapter_merge.py)."""
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
             if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
@@ -96,7 +104,7 @@ class TorchEngine:
         model.model.residual_fp32 = residual_fp32
         model.logits_fp32 = logits_fp32
         self._setup(model, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len, seed,
-                    weight_version, cuda_graphs, deterministic, overlap)
+                    weight_version, cuda_graphs, deterministic, overlap, prefix_cache, lora)
 
     @classmethod
     def from_model(cls, model: CausalLM, **options) -> TorchEngine:
@@ -105,9 +113,8 @@ class TorchEngine:
         self = cls.__new__(cls)
         p = model.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
-        defaults = {"max_running": 64, "num_kv_blocks": None, "kv_block_size": 16, "max_prefill_tokens": 8192,
-                    "max_model_len": None, "seed": 0, "weight_version": 0, "cuda_graphs": True,
-                    "deterministic": False, "overlap": None}
+        defaults = {name: p.default for name, p in inspect.signature(cls).parameters.items()
+                    if name not in ("model_path", "device", "dtype", "residual_fp32", "logits_fp32")}
         model.model.residual_fp32 = bool(options.pop("residual_fp32", model.model.residual_fp32))
         model.logits_fp32 = bool(options.pop("logits_fp32", model.logits_fp32))
         unknown = set(options) - set(defaults)
@@ -117,20 +124,22 @@ class TorchEngine:
         return self
 
     def _setup(self, model: CausalLM, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len,
-               seed, weight_version, cuda_graphs, deterministic, overlap) -> None:
+               seed, weight_version, cuda_graphs, deterministic, overlap, prefix_cache, lora=None) -> None:
         if max_running < 1 or max_prefill_tokens < 1:
             raise ValueError(f"max_running={max_running}, max_prefill_tokens={max_prefill_tokens}: both must be >= 1")
-        if overlap and deterministic:
-            raise ValueError("overlap=True with deterministic=True: deterministic mode keeps the synchronous decode "
-                             "loop; leave overlap unset")
+        if deterministic and (overlap or prefix_cache):
+            raise ValueError(f"{'overlap' if overlap else 'prefix_cache'}=True with deterministic=True: deterministic "
+                             "mode keeps the synchronous decode loop and prefills every prompt whole; leave it unset")
         self.model = model
         model.fuse_projections()
+        self.adapters = AdapterMerge(model, lora) if lora else None  # before the KV cache takes the free memory
         self.arch = self.model.cfg
         self.deterministic = deterministic
         self.max_model_len = min(max_model_len or self.arch.max_position_embeddings, self.arch.max_position_embeddings)
         self.max_running = max_running
-        num_blocks = num_kv_blocks or self._default_num_blocks(kv_block_size)
-        self.blocks = BlockManager(num_blocks, kv_block_size)
+        num_blocks = num_kv_blocks or KVCache.default_num_blocks(self.arch, kv_block_size, self.dtype, self.device,
+                                                                 max_running, self.max_model_len)
+        self.blocks = BlockManager(num_blocks, kv_block_size, prefix_cache)
         self.kv_cache = KVCache(self.arch, num_blocks, kv_block_size, self.dtype, self.device)
         self.scheduler = Scheduler(self.blocks, max_running, max_prefill_tokens)
         self.runner = ModelRunner(
@@ -254,13 +263,16 @@ class TorchEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if not self._updating:
             raise RuntimeError("load_weights() outside a weight update: call begin_weight_update() first")
-        load_weights(self.model, named_tensors)
+        load_weights(self.model, self.adapters.take(named_tensors) if self.adapters else named_tensors)
 
     def end_weight_update(self, version: int) -> None:
         if not self._updating:
             raise RuntimeError("end_weight_update() without begin_weight_update()")
+        if self.adapters:
+            self.adapters.apply(self.model)
         self._updating = False
         self._version = int(version)
+        self.blocks.new_weights()
 
     def receiving_ranks(self) -> int:
         return 1  # this process receives and loads
@@ -273,6 +285,8 @@ class TorchEngine:
             waiting=self.scheduler.num_waiting(),
             tokens_generated=self.counters["tokens_generated"],
             weight_version=self._version,
+            prefill_tokens=self.counters["prefill_tokens"],
+            prefix_cache_hit_tokens=self.blocks.hit_tokens,
         )
 
     def close(self) -> None:
@@ -291,7 +305,7 @@ class TorchEngine:
         for seq in (s for g in groups for s in g.seqs if s.prefill_start is None):
             seq.prefill_start = start
         self.counters["prefills"] += len(groups)
-        self.counters["prefill_tokens"] += sum(len(g.prefill_token_ids()) for g in groups)
+        self.counters["prefill_tokens"] += sum(len(g.prefill_token_ids()) - g.num_cached for g in groups)
         finished = []
         for batch in ([g] for g in groups) if self.deterministic else [groups]:  # alone: no batch dependence
             seqs, tokens, logprobs = self.runner.prefill(batch)
@@ -423,11 +437,3 @@ class TorchEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
-
-    def _default_num_blocks(self, block_size: int) -> int:
-        per_seq = min(self.max_model_len, 4096 if self.device.type == "cuda" else 2048)
-        wanted = self.max_running * blocks_for(per_seq, block_size)
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            wanted = min(wanted, int(0.9 * free) // KVCache.bytes_per_block(self.arch, block_size, self.dtype))
-        return max(wanted, 1)

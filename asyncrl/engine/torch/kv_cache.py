@@ -38,6 +38,18 @@ class KVCache:
         self.v[:, dst] = self.v[:, src]
 
     @staticmethod
+    def default_num_blocks(cfg: ArchConfig, block_size: int, dtype: torch.dtype, device: torch.device,
+                           max_running: int, max_model_len: int) -> int:
+        """Room for `max_running` sequences of min(max_model_len, 2048 CPU / 4096 CUDA) tokens, on CUDA at most
+        90 % of the free memory."""
+        per_seq = min(max_model_len, 4096 if device.type == "cuda" else 2048)
+        wanted = max_running * -(-per_seq // block_size)
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            wanted = min(wanted, int(0.9 * free) // KVCache.bytes_per_block(cfg, block_size, dtype))
+        return max(wanted, 1)
+
+    @staticmethod
     def bytes_per_block(cfg: ArchConfig, block_size: int, dtype: torch.dtype) -> int:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize

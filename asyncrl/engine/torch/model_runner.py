@@ -1,14 +1,15 @@
 """Turns scheduled groups / sequences into packed tensors, runs the model, samples.
 
-    prefill(groups) : prepare_prefill -> run_model (logits at each fresh group's last prompt token)
-                      -> copy-on-write blocks -> one logits row per sample -> sample
+    prefill(groups) : prepare_prefill (the tokens after each group's prefix-cache hit) -> run_model (logits at
+                      each fresh group's last prompt token) -> copy-on-write blocks -> register the full pages
+                      in the prefix cache -> one logits row per sample -> sample
     decode(seqs)    : DecodeBuffers.stage (padded to a bucket size) -> CUDA graph replay, or the same
                       step eagerly (model -> lm_head -> fused sampler) -> one host copy of the results
     launch_decode   : the same step queued without waiting -> its samples on the device; run ahead of the
                       host (`src`), it takes its input ids from the previous step's samples there
                       (the engine's overlapped decode, `inflight`). A step begins with `DecodeBuffers.unpack`.
 
-Sampling runs in the fused GPU kernel (`triton_sampler`) when available; rows with top-k / top-p, and
+Sampling runs in the fused GPU kernel (`kernels.sampler`) when available; rows with top-k / top-p, and
 the CPU, use `sampler.sample`. Both take each row's forced token (`Sequence.forced_token`, -1 = sample):
 scoring runs this same path with the response's tokens in place of samples. Besides the model, the KV
 cache and the static decode buffers, nothing here keeps state between steps.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from asyncrl.engine.torch import triton_attention, triton_ops
+from asyncrl.engine.torch import kernels
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.decode_graphs import DecodeBuffers, DecodeGraphs, bucket_sizes
 from asyncrl.engine.torch.kv_cache import KVCache
@@ -31,7 +32,7 @@ from asyncrl.engine.torch.model.decoder import CausalLM
 from asyncrl.engine.torch.paged_attention import AttentionMetadata
 from asyncrl.engine.torch.sampler import SamplingBatch, sample
 from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
-from asyncrl.engine.torch.triton_sampler import sample_fused
+from asyncrl.engine.torch.kernels.sampler import sample_fused
 from asyncrl.fp32_logits import out_dtype_supported
 from asyncrl.stage import stage
 
@@ -57,11 +58,11 @@ class ModelRunner:
         self.sizes = [max_batch] if fixed_batch else bucket_sizes(max_batch)
         max_blocks = blocks_for(max_model_len, blocks.block_size)
         self.buffers = DecodeBuffers(max_batch, max_blocks, kv_cache.scratch_block, blocks.block_size, device)
-        self.fused_sampling = triton_ops.enabled(model.lm_head.weight)
+        self.fused_sampling = kernels.ops.enabled(model.lm_head.weight)
         if model.logits_fp32 and device.type == "cuda":
             out_dtype_supported()  # asked once here, never inside a graph capture
         self.single_pass_sizes = self._single_pass_sizes(device)
-        use_graphs = cuda_graphs and device.type == "cuda" and triton_ops.HAS_TRITON  # graphs unpack with Triton
+        use_graphs = cuda_graphs and device.type == "cuda" and kernels.ops.HAS_TRITON  # graphs unpack with Triton
         keys = [(s, False) for s in self.sizes] + [(s, True) for s in sorted(self.single_pass_sizes)]
         self.graphs = DecodeGraphs(self.decode_step, keys) if use_graphs else None
 
@@ -76,6 +77,7 @@ class ModelRunner:
         with stage("prefill.model"):
             hidden = self.run_model(input_ids, positions, meta)
             self.kv_cache.copy_blocks([pair for g in groups for pair in g.cow_pairs])
+            self.blocks.cache_prefilled(groups)
         if not fresh:
             return [], torch.empty(0, dtype=torch.int64), torch.empty(0)
         with stage("prefill.sample"):
@@ -142,14 +144,14 @@ class ModelRunner:
         """Bucket sizes whose decode attention runs in one pass when every staged context is short: enough rows
         to give each SM a (row, kv head) program. None in deterministic mode (a row's bits would then depend on
         the other rows' contexts) or without the Triton kernels."""
-        if self.fixed_batch or device.type != "cuda" or not triton_ops.enabled(self.model.lm_head.weight):
+        if self.fixed_batch or device.type != "cuda" or not kernels.ops.enabled(self.model.lm_head.weight):
             return set()
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         return {s for s in self.sizes if s * self.model.cfg.num_kv_heads >= sms}
 
     def single_pass(self, size: int) -> bool:
         """Whether the step staged last, at `size` rows, runs its decode attention in one pass."""
-        return size in self.single_pass_sizes and self.buffers.max_context <= triton_attention.SINGLE_PASS_MAX_CONTEXT
+        return size in self.single_pass_sizes and self.buffers.max_context <= kernels.attention.SINGLE_PASS_MAX_CONTEXT
 
     def _run_decode(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         single = self.single_pass(size)
@@ -210,24 +212,30 @@ class ModelRunner:
         self, groups: list[SequenceGroup]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """-> input_ids [num_tokens], positions [num_tokens], metadata, and for each fresh group the
-        packed row of its last token."""
-        ids, slots, positions = [], [], []  # numpy parts, one per group
+        packed row of its last token. A group's first `num_cached` tokens (a prefix-cache hit) are not
+        computed: their KV is in the cache, and its new tokens attend to it (`AttentionMetadata.context_slots`)."""
+        ids, slots, positions, context = [], [], [], []  # numpy parts, one per group
         seq_lens: list[int] = []
         last_rows: list[int] = []
         page = self.blocks.block_size
         total = 0
         for group in groups:
-            tokens = group.prefill_token_ids()
+            tokens, cached = group.prefill_token_ids(), group.num_cached
             n = len(tokens)
             table = np.asarray(group.seqs[0].block_table[: -(-n // page)], dtype=np.int64)  # [blocks]
-            slots.append((table[:, None] * page + np.arange(page)).reshape(-1)[:n])  # [n]: BlockManager.slot
-            ids.append(np.asarray(tokens, dtype=np.int64))
-            positions.append(np.arange(n, dtype=np.int64))
-            seq_lens.append(n)
-            total += n
+            every = (table[:, None] * page + np.arange(page)).reshape(-1)[:n]  # [n]: BlockManager.slot
+            slots.append(every[cached:])
+            if cached:
+                context.append(every)
+            ids.append(np.asarray(tokens[cached:], dtype=np.int64))
+            positions.append(np.arange(cached, n, dtype=np.int64))
+            seq_lens.append(n - cached)
+            total += n - cached
             if not group.is_resume:
                 last_rows.append(total - 1)
-        meta = AttentionMetadata(is_prefill=True, slot_mapping=self._array(slots), seq_lens=seq_lens)
+        cached_lens = [g.num_cached for g in groups] if context else None
+        meta = AttentionMetadata(is_prefill=True, slot_mapping=self._array(slots), seq_lens=seq_lens,
+                                 cached_lens=cached_lens, context_slots=self._array(context) if context else None)
         return self._array(ids), self._array(positions), meta, last_rows
 
     def needs_truncation(self, seqs: list[Sequence]) -> bool:

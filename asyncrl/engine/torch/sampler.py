@@ -46,9 +46,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
 
 
 def inverse_cdf(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The sampling rule, shared with the fused GPU sampler (`triton_sampler`): with p = exp(scaled - max) (unnormalised)
-    and the row's uniform u, the first token whose running sum of p exceeds u * sum(p); where rounding leaves
-    no such token, the last one with p > 0. A token of zero probability (masked to -inf) is never taken.
+    """The sampling rule, shared with the fused GPU sampler (`kernels.sampler`): with p = exp(scaled - max)
+    (unnormalised) and the row's uniform u, the first token whose running sum of p exceeds u * sum(p); where rounding
+    leaves no such token, the last one with p > 0. A token of zero probability (masked to -inf) is never taken.
     scaled: [batch, vocab] fp32; u: [batch] in (0, 1) -> tokens [batch] int64."""
     p = torch.exp(scaled - scaled.max(dim=-1, keepdim=True).values)  # [batch, vocab]
     cdf = p.cumsum(dim=-1)

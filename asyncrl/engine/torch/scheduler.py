@@ -6,7 +6,8 @@
 
 * Prefill admits groups in arrival order while the running count (max_running), the free KV blocks
   and the prefill token budget allow; the n samples of a group are admitted together and share one
-  prefill. A group that does not fit blocks the queue (no overtaking, so no starvation).
+  prefill. A group that does not fit blocks the queue (no overtaking, so no starvation). Tokens a
+  prefix-cache hit supplies are not prefilled and do not count against the budget.
 * Decode runs every running sequence. When the next token of some sequence needs a block and none
   is free, the most recently admitted sequences are preempted: their blocks are freed and they go
   back to the front of the queue to be recomputed (their sampled tokens are kept).
@@ -47,7 +48,7 @@ class Scheduler:
         budget = self.max_prefill_tokens
         while self.waiting:
             group = self.waiting[0]
-            num_tokens = len(group.prefill_token_ids())
+            num_tokens = len(group.prefill_token_ids()) - self.blocks.block_size * len(self.blocks.hits(group))
             if len(self.running) + len(group.seqs) > self.max_running or not self.blocks.can_allocate(group):
                 break
             if admitted and num_tokens > budget:

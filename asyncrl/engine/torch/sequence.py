@@ -37,6 +37,8 @@ class Sequence:
         self.logprobs: list[float] = []
         self.versions: list[int] = []
         self.block_table: list[int] = []
+        self.kv_weights: int | None = None  # prefix cache: the weights (`PrefixCache.weights`) that computed the KV
+        self.page_keys: list[bytes] = []  # prefix cache: keys of the first full pages of the KV, as far as computed
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.arrival = arrival
@@ -108,6 +110,8 @@ class SequenceGroup:
         assert seqs and (not is_resume or len(seqs) == 1)
         self.seqs, self.is_resume = seqs, is_resume
         self.cow_pairs: list[tuple[int, int]] = []  # (src, dst) blocks to copy after the prefill
+        self.num_cached = 0  # leading prefill tokens whose KV a prefix-cache hit supplies (whole pages)
+        self.page_keys: tuple[int, list[bytes]] | None = None  # (weights, keys of the prefill's full pages)
 
     @property
     def request_id(self) -> str:

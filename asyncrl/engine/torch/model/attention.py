@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncrl.engine.torch import triton_attention, triton_ops
+from asyncrl.engine.torch import kernels
 from asyncrl.engine.torch.model.config import ArchConfig
 from asyncrl.engine.torch.model.layers import (
     RMSNorm,
@@ -66,23 +66,23 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if triton_ops.enabled(x):
+        if kernels.ops.enabled(x):
             cos, sin = rotary.tables(rotary.max_positions, x.dtype, x.device)
             if meta.is_prefill:
-                q, k = triton_ops.rotary_store(
+                q, k = kernels.ops.rotary_store(
                     q, k, v, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, want_k=True
                 )
-                out = prefill_attention(q, k, v, meta.seq_lens, self.scale)
+                out = prefill_attention(q, k, v, meta, k_cache, v_cache, self.scale)
             else:  # the attention kernel rotates the step's own token and writes its KV
-                new = triton_attention.NewTokens(k, v, positions, cos, sin, meta.slot_mapping)
-                out = triton_attention.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
+                new = kernels.attention.NewTokens(k, v, positions, cos, sin, meta.slot_mapping)
+                out = kernels.attention.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
                                                         self.scale, meta.single_pass, new)
         else:
             cos, sin = rotary(positions, x.dtype)  # [num_tokens, head_dim]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             if meta.is_prefill:
-                out = prefill_attention(q, k, v, meta.seq_lens, self.scale)
+                out = prefill_attention(q, k, v, meta, k_cache, v_cache, self.scale)
             else:
                 out = decode_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))

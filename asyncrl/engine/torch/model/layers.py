@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncrl.engine.torch import triton_ops
+from asyncrl.engine.torch import kernels
 
 
 class RMSNorm(nn.Module):
@@ -34,8 +34,8 @@ class RMSNorm(nn.Module):
         `forward`."""
         if residual is None and stream_fp32:
             residual, x = x.float(), torch.zeros_like(x)
-        if triton_ops.enabled(x) and x.dim() == 2 and self.weight.dtype == x.dtype:
-            return triton_ops.add_rmsnorm(x, residual, self.weight, self.eps)
+        if kernels.ops.enabled(x) and x.dim() == 2 and self.weight.dtype == x.dtype:
+            return kernels.ops.add_rmsnorm(x, residual, self.weight, self.eps)
         h = x if residual is None else residual + x
         return self.forward(h), h
 
@@ -101,8 +101,8 @@ class MLP(nn.Module):
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         gate_up = F.linear(x, *self.gate_up)  # [num_tokens, 2 * inter]
-        if triton_ops.enabled(gate_up) and gate_up.dim() == 2:
-            return self.down_proj(triton_ops.silu_mul(gate_up))
+        if kernels.ops.enabled(gate_up) and gate_up.dim() == 2:
+            return self.down_proj(kernels.ops.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

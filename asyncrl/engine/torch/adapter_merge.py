@@ -1,0 +1,133 @@
+"""Adapter-only weight updates for the torch engine: W = W0 + scale * B @ A from a kept pristine base.
+
+With LoRA (`learner.lora_rank > 0`, `learner.lora_push = "adapter"`) the learner pushes only each targeted
+linear's adapters, `<module>.lora_A` [r, in] and `<module>.lora_B` [out, r] in fp32, a few MB, instead of the
+merged model. The engine keeps a pristine copy W0 of every targeted weight and, at the end of each update,
+recomputes W from it:
+
+    load_weights(stream) ──take()──► "<module>.lora_A" / ".lora_B"   held (copied: the stream's tensors are
+                            │                                         views of a receive buffer)
+                            ├──────► "<module>.weight" of a target    copied into W0 (a full push: the base)
+                            └──────► everything else                  the model, as before
+    end_weight_update(v) ──apply()─► W.copy_(merge(W0, A, B, scale)) for every module whose W0 or adapters
+                                     arrived in this update
+
+W is never merged onto an already merged W, so nothing drifts over versions, and `merge` is the one
+function the learner's merged stream uses too (`asyncrl.learner.lora.merge_weight`), so an adapter push gives
+the weights, bit for bit, that a merged push of the same version gives on the same kind of device.
+
+Memory: W0 is one more copy of every targeted weight, in the engine's dtype, on the engine's device (Qwen2.5
+0.5B with every projection targeted: 358 M parameters, 0.72 GB in bf16). It is taken in the engine's
+constructor, before the KV cache is sized from the free memory, so it comes out of the KV budget and never
+out of the headroom. The held adapters add their own fp32 size (the push's bytes). While `apply` runs, one
+target at a time has fp32 temporaries of about three times its size (W0 in fp32, B @ A, the sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+ADAPTER_LEAVES = ("lora_A", "lora_B")
+
+
+@torch.no_grad()
+def merge(weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float) -> Tensor:
+    """W [out, in] + scale * B [out, r] @ A [r, in] -> [out, in] fp32 (a new tensor: W is left as it is)."""
+    return weight.float() + scale * (lora_b.float() @ lora_a.float())
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSpec:
+    """What the engine needs to apply adapters: the targeted linears and the scale (lora_alpha / lora_rank)."""
+
+    targets: tuple[str, ...]  # last component of the targeted linears' module names, e.g. ("q_proj", "v_proj")
+    scale: float
+
+    def __post_init__(self) -> None:
+        if not self.targets or self.scale <= 0:
+            raise ValueError(f"LoraSpec(targets={self.targets}, scale={self.scale}): give at least one target and "
+                             "a scale > 0 (lora_alpha / lora_rank)")
+
+
+@dataclass(slots=True)
+class _Target:
+    pristine: Tensor  # W0 [out, in], engine dtype and device
+    adapters: dict[str, Tensor] = field(default_factory=dict)  # "lora_A" [r, in], "lora_B" [out, r], fp32
+    changed: bool = False  # W0 or an adapter arrived in the update in progress
+
+
+class AdapterMerge:
+    """The pristine base of every targeted linear of one engine model, and the adapters last received."""
+
+    def __init__(self, model: nn.Module, spec: LoraSpec) -> None:
+        paths = [p for p, m in model.named_modules()
+                 if isinstance(m, nn.Linear) and p.rsplit(".", 1)[-1] in spec.targets]
+        missing = sorted(set(spec.targets) - {p.rsplit(".", 1)[-1] for p in paths})
+        if missing:
+            raise ValueError(f"LoRA targets {missing} name no linear layer of the engine's model: the learner's "
+                             "learner.lora_targets must name the engine's q/k/v/o and gate/up/down projections")
+        self.scale = spec.scale
+        self.targets = {p: _Target(pristine=model.get_submodule(p).weight.detach().clone()) for p in paths}
+
+    @property
+    def pristine_bytes(self) -> int:
+        return sum(t.pristine.numel() * t.pristine.element_size() for t in self.targets.values())
+
+    def take(self, named: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+        """The stream minus what this class keeps (adapters, and targeted weights: the pristine base)."""
+        for name, t in named:
+            path, _, leaf = name.rpartition(".")
+            target = self.targets.get(path)
+            if target is None:
+                if leaf in ADAPTER_LEAVES:
+                    raise ValueError(f"adapter {name!r} for a module that is no LoRA target of this engine "
+                                     f"(targets: {sorted({p.rsplit('.', 1)[-1] for p in self.targets})})")
+                yield name, t
+            elif leaf == "weight":
+                if t.shape != target.pristine.shape:
+                    raise ValueError(f"{name}: got {tuple(t.shape)}, want {tuple(target.pristine.shape)}")
+                target.pristine.copy_(t)
+                target.changed = True
+            elif leaf in ADAPTER_LEAVES:
+                _check_adapter(name, leaf, t, target.pristine.shape)
+                target.adapters[leaf] = t.to(target.pristine.device, torch.float32, copy=True)
+                target.changed = True
+            else:
+                yield name, t  # the bias: frozen, loaded as it is
+
+    @torch.no_grad()
+    def apply(self, model: nn.Module) -> list[str]:
+        """W = W0 + scale * B @ A (or W0 before any adapter came) for every module changed in this update;
+        returns their paths. Writes in place: the fused q/k/v and gate/up weights are views of W."""
+        done = []
+        for path, target in self.targets.items():
+            if not target.changed:
+                continue
+            weight = model.get_submodule(path).weight
+            a, b = target.adapters.get("lora_A"), target.adapters.get("lora_B")
+            if (a is None) != (b is None):
+                raise ValueError(f"{path}: lora_A and lora_B must arrive together (got only "
+                                 f"{'lora_A' if a is not None else 'lora_B'})")
+            if a is None or b is None:
+                weight.copy_(target.pristine)
+            elif a.shape[0] != b.shape[1]:
+                raise ValueError(f"{path}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} differ in rank")
+            else:
+                weight.copy_(merge(target.pristine, a, b, self.scale))
+            target.changed = False
+            done.append(path)
+        return done
+
+
+def _check_adapter(name: str, leaf: str, t: Tensor, weight_shape: torch.Size) -> None:
+    """A [r, in] / B [out, r] against the targeted weight [out, in], before anything is kept."""
+    out, cols = weight_shape
+    fits = t.dim() == 2 and (t.shape[1] == cols if leaf == "lora_A" else t.shape[0] == out)
+    if not fits or not t.is_floating_point():
+        want = f"[r, {cols}]" if leaf == "lora_A" else f"[{out}, r]"
+        raise ValueError(f"{name}: got {t.dtype} {tuple(t.shape)}, want a float {want} for a weight "
+                         f"{tuple(weight_shape)}")
