@@ -24,7 +24,7 @@ from asyncrl.task.arithmetic import Problem, problems
 from asyncrl.task.config import TaskConfig
 from asyncrl.task.dataset import PromptEncoder
 from asyncrl.task.prompt_row import PromptRow
-from asyncrl.task.source import Rows, file_rows, rg_rows, task_encoder, task_sampling, training_rows
+from asyncrl.task.rows import Rows, file_rows, rg_rows, task_encoder, task_sampling, training_rows
 
 HELDOUT_SEED_OFFSET = 1_000_003  # held-out problems are drawn with task.seed + this
 
