@@ -1,25 +1,25 @@
 """Validation of `LearnerConfig`: one short function per group of settings, run in order by its
 `__post_init__` (LoRA's checks stay its method `_check_lora`). Each raises a ValueError that names the
-setting, the rule and the fix."""
+setting, the rule and the fix. `Checked` is the config as these functions see it (any object with its
+fields): this module never imports config.py, which imports it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from asyncrl.learner.algorithms import recipe, token_level_algorithms
 
-if TYPE_CHECKING:
-    from asyncrl.learner.config import LearnerConfig
+Checked = Any  # a LearnerConfig
 
 
-def _check_algorithm(c: LearnerConfig) -> None:
+def _check_algorithm(c: Checked) -> None:
     try:
         recipe(c.algorithm)
     except ValueError as e:
         raise ValueError(f"learner.algorithm: {e}") from None
 
 
-def _check_schedule(c: LearnerConfig) -> None:
+def _check_schedule(c: Checked) -> None:
     if c.steps < 1:
         raise ValueError(f"learner.steps={c.steps}: must be >= 1")
     if c.lr <= 0:
@@ -32,7 +32,7 @@ def _check_schedule(c: LearnerConfig) -> None:
         raise ValueError(f"learner.warmup_steps={c.warmup_steps}: must be >= 0")
 
 
-def _check_optimizer(c: LearnerConfig) -> None:
+def _check_optimizer(c: Checked) -> None:
     if c.weight_decay < 0:
         raise ValueError(f"learner.weight_decay={c.weight_decay}: must be >= 0")
     if len(c.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in c.adam_betas):
@@ -49,7 +49,7 @@ def _check_optimizer(c: LearnerConfig) -> None:
         raise ValueError(f"learner.max_grad_norm={c.max_grad_norm}: must be >= 0 (0 disables clipping)")
 
 
-def _check_surrogate(c: LearnerConfig) -> None:
+def _check_surrogate(c: Checked) -> None:
     for name in ("clip_eps_low", "clip_eps_high"):
         v = getattr(c, name)
         if v != "auto" and not 0.0 < v < 10.0:
@@ -60,7 +60,7 @@ def _check_surrogate(c: LearnerConfig) -> None:
         raise ValueError(f"learner.clip_eps_low={c.clip_eps_low}: must be < 1 so that 1 - low stays positive")
 
 
-def _check_kl(c: LearnerConfig) -> None:
+def _check_kl(c: Checked) -> None:
     if c.kl_clamp < 0:
         raise ValueError(f"learner.kl_clamp={c.kl_clamp}: must be >= 0 (verl: 10; 0 disables)")
     if c.kl_coef < 0:
@@ -72,7 +72,7 @@ def _check_kl(c: LearnerConfig) -> None:
         )
 
 
-def _check_off_policy(c: LearnerConfig) -> None:
+def _check_off_policy(c: Checked) -> None:
     if c.importance_cap < 1.0:
         raise ValueError(f"learner.importance_cap={c.importance_cap}: must be >= 1 (typical 2-5)")
     if c.mini_batches < 1:
@@ -86,7 +86,7 @@ def _check_off_policy(c: LearnerConfig) -> None:
                          "level = \"token\"")
 
 
-def _check_shaping(c: LearnerConfig) -> None:
+def _check_shaping(c: Checked) -> None:
     if (c.overlong_buffer != "auto" and c.overlong_buffer < 0) or c.overlong_penalty < 0:
         raise ValueError(
             f"learner.overlong_buffer={c.overlong_buffer}, overlong_penalty={c.overlong_penalty}: "
@@ -100,14 +100,14 @@ def _check_shaping(c: LearnerConfig) -> None:
         )
 
 
-def _check_returns(c: LearnerConfig) -> None:
+def _check_returns(c: Checked) -> None:
     if not 0.0 <= c.gamma <= 1.0 or not 0.0 <= c.gae_lambda <= 1.0:
         raise ValueError(f"learner.gamma={c.gamma}, gae_lambda={c.gae_lambda}: both must be in [0, 1]")
     if c.value_coef < 0 or c.value_clip <= 0:
         raise ValueError(f"learner.value_coef={c.value_coef} must be >= 0 and value_clip={c.value_clip} > 0")
 
 
-def _check_compute(c: LearnerConfig) -> None:
+def _check_compute(c: Checked) -> None:
     if c.ranks < 1:
         raise ValueError(f"learner.ranks={c.ranks}: must be >= 1")
     if c.devices and len(c.devices) != c.ranks:
@@ -120,7 +120,7 @@ def _check_compute(c: LearnerConfig) -> None:
         raise ValueError(f"learner.logprob_chunk_tokens={c.logprob_chunk_tokens}: must be >= 1")
 
 
-def _check_checkpoints(c: LearnerConfig) -> None:
+def _check_checkpoints(c: Checked) -> None:
     if c.checkpoint_every < 1:
         raise ValueError(f"learner.checkpoint_every={c.checkpoint_every}: must be >= 1")
     if c.keep_checkpoints < 0:
