@@ -102,3 +102,27 @@ def test_scores_by_id_round_trip():
     with pytest.raises(wire.WireError, match="sample_index: expected int"):
         wire.decode(msgpack.packb({"v": 1, "t": "ScoredIds", "b": {"scores": [{"prompt_id": "p", "sample_index": "x",
                                                                              "reward": 1.0}]}}))
+
+
+def test_oldest_version_and_finiteness_per_sample_in_a_mixed_batch():
+    """The batch-wide token checks give each sample what its own arrays say (empty responses between)."""
+    rng = np.random.default_rng(1)
+    ss, want = [], []
+    for i in range(12):
+        n = int(rng.integers(0, 6)) if i % 3 else 0
+        s = sample("p", i, rng.integers(-5, 9, n).tolist())
+        if n and i % 4 == 1:
+            s.logprobs[int(rng.integers(0, n))] = [np.nan, np.inf, -np.inf][i % 3]
+        ss.append(s)
+        want.append((int(s.versions.min()) if n else None, bool(np.isfinite(s.logprobs).all())))
+    got = wire.decode_packed(wire.encode(R.SampleBatch(lease_id="L", samples=ss))).samples
+    assert [(s.min_version, s.finite) for s in got] == want and not all(f for _, f in want)
+
+
+def test_scoring_fields_are_read_once_from_the_decoding_then_from_the_bytes():
+    s = sample("p", 0, [1, 2])
+    s.response_text = "answer"
+    got = wire.decode_packed(wire.encode(R.SampleBatch(lease_id="L", samples=[s]))).samples[0]
+    first = got.take_scoring()
+    assert first == ("answer", R.FinishReason.STOP, None, "") and got.scoring is None
+    assert got.take_scoring() == first == (got.response_text, got.finish_reason, got.env_reward, got.env_error)

@@ -15,9 +15,16 @@ hub.max_wait_s) passes, then answered empty. Generators get prompts only within 
 (admission in `HubState`), so samples are at most max_staleness versions old when batched; older
 ones are dropped and counted.
 
-One turn of the loop: wait for frames (or the tick) → drain up to `BURST` frames and handle them →
-tick (expire leases, time out long polls) or pump parked requests → fsync the log → send replies.
-Replies leave only after the log holds what they acknowledge.
+One turn of the loop: wait for frames, the journal's wake-up or the tick → drain up to `BURST` frames
+and handle them → tick (expire leases, time out long polls) or pump parked requests → hand the turn's
+log records to the journal's writer thread (`asyncrl.replay.flusher`: write + one fsync for every turn
+queued meanwhile) → send the replies whose records are durable. Replies leave only after the log holds
+what they acknowledge: each turn's replies are held under the ticket of its records (and of every record
+before them) until the writer thread reports that ticket durable; the loop meanwhile serves the next
+frames, so the disk's latency overlaps the hub's work instead of stalling it.
+
+    loop:    drain+handle (turn t) ─ sync → ticket t ─ hold replies(t) ─ drain+handle (t+1) ─ ... ─ send(≤ t)
+    writer:                           └► write, fsync ──────────────────► durable = t, wake (pipe) ┘
 
 Trust: with the run's `secret` every connection must authenticate (asyncrl.zap: PLAIN on loopback,
 CURVE elsewhere) and each request carries its connection's role and name (`Caller`), which HubCore
@@ -29,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +75,7 @@ class Hub:
             raise ValueError(f"hub endpoint {endpoint}: binding a non-loopback address needs the run secret "
                              "(CURVE); start the hub through the launcher or bind tcp://127.0.0.1")
         log_path = Path(run_dir) / LOG_NAME if run_dir is not None and cfg.log else None
-        self.journal = Journal.open(log_path, cfg.fsync)
+        self.journal = Journal.open(log_path, cfg.fsync, background=True)
         self.core = HubCore(cfg, batch, self.journal, filter_uniform=filter_uniform)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -82,6 +90,12 @@ class Hub:
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.endpoint = endpoints.bind(self.sock, endpoint)
         self.raw = zmq.Socket.shadow(self.sock.underlying)  # sync view: drain/send without awaiting
+        self.poller = zmq.asyncio.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        flusher = self.journal.flusher
+        if flusher is not None:  # a byte on this pipe: more of the log became durable (held replies may go)
+            self.poller.register(flusher.wake_fd, zmq.POLLIN)
+        self.held: deque[tuple[int, list[tuple[list[bytes], Any]]]] = deque()  # (ticket, replies) in turn order
         self._running = True  # until stop(): a stop() before serve() starts must still end it
         self._next_tick = 0.0
         self.unsent = 0  # replies dropped because a peer's queue was full or it was gone
@@ -94,12 +108,15 @@ class Hub:
         while self._running:
             # ZMQ_FD is edge-triggered: reading ZMQ_EVENTS re-arms it after our sends and receives,
             # and tells whether frames are already waiting (then there is nothing to wait for).
-            if not self.core.outbox and not self.raw.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                await self.sock.poll(timeout=int(TICK_S * 1000), flags=zmq.POLLIN)
+            if not self.raw.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # with replies held, the writer's wake too
+                await (self.poller.poll(int(TICK_S * 1000)) if self.held else
+                       self.sock.poll(timeout=int(TICK_S * 1000), flags=zmq.POLLIN))
             self.turn(time.time())
+        self.journal.wait_durable()  # the last turns' replies still go out
+        self._flush()
 
     def turn(self, now: float) -> None:
-        """One loop turn: handle what arrived, tick or pump, sync the log, send the replies."""
+        """One loop turn: handle what arrived, tick or pump, hand the log to the writer, send durable replies."""
         self._drain(now)
         if now >= self._next_tick:
             self.core.tick(now)
@@ -107,7 +124,10 @@ class Hub:
             self._export(now)
         else:
             self.core.pump(now)
-        self.journal.sync()
+        ticket = self.journal.sync()
+        if self.core.outbox:
+            self.held.append((ticket, self.core.outbox))
+            self.core.outbox = []
         self._flush()
 
     def stop(self) -> None:
@@ -150,7 +170,16 @@ class Hub:
         return Caller(role=frame.get("User-Id"), name=name)
 
     def _flush(self) -> None:
-        outbox, self.core.outbox = self.core.outbox, []
+        """Send the held replies whose tickets are durable, oldest turn first."""
+        if not self.held:
+            return  # wakes left in the pipe meanwhile only make the next poll with replies held return early
+        if self.journal.flusher is not None:
+            self.journal.flusher.drain_wakes()  # before reading `durable`: a later advance leaves a byte to poll
+        durable = self.journal.durable()
+        while self.held and self.held[0][0] <= durable:
+            self._send(self.held.popleft()[1])
+
+    def _send(self, outbox: list[tuple[list[bytes], Any]]) -> None:
         for envelope, msg in outbox:
             try:
                 self.raw.send_multipart([*envelope, _frame(msg)], zmq.NOBLOCK, copy=False)  # large: no copy

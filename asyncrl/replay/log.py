@@ -11,8 +11,9 @@ A file that was closed cleanly (an older journal segment, a snapshot) cannot hav
 `iter_sealed` raises `LogCorrupt` for any bytes that are not whole, checksummed records.
 
 Durability (`fsync`): "always" fsyncs after every record; "batch" buffers records and fsyncs on
-`sync()` (the hub calls it once per event-loop turn, before it sends the replies of that turn);
-"never" flushes on `sync()` and leaves the rest to the OS.
+`sync()` (in the hub, the journal's writer thread calls it once for all the loop turns queued since its
+last one; the replies of those turns wait for it, see `asyncrl.replay.flusher`); "never" flushes on
+`sync()` and leaves the rest to the OS.
 """
 
 from __future__ import annotations

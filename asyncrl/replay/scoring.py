@@ -39,9 +39,10 @@ class ScoreDispatch:
                 continue
             sample = g.samples[key[1]]
             assert sample is not None, f"{key} is generated without its sample"
-            items.append(ToScoreItem(prompt_id=key[0], sample_index=key[1], response_text=sample.response_text,
-                                     reward=g.prompt.reward, finish_reason=sample.finish_reason,
-                                     env_reward=sample.env_reward, env_error=sample.env_error))
+            text, finish, env_reward, env_error = sample.take_scoring()
+            items.append(ToScoreItem(prompt_id=key[0], sample_index=key[1], response_text=text,
+                                     reward=g.prompt.reward, finish_reason=finish,
+                                     env_reward=env_reward, env_error=env_error))
             self.out.append((now + self.ttl_s, key))
         return items
 

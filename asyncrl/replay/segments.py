@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from itertools import islice
 from pathlib import Path
 
 from asyncrl.replay.log import LogCorrupt, iter_sealed
@@ -67,9 +68,10 @@ class Segments:
         except (LogCorrupt, OSError):
             return False
 
-    def prune(self) -> list[Path]:
-        """Delete what the two newest valid snapshots make unnecessary (see module doc); returns it."""
-        valid = [k for k in reversed(self.snapshots()) if self.checks_out(k)][:2]
+    def prune(self, known_valid: int | None = None) -> list[Path]:
+        """Delete what the two newest valid snapshots make unnecessary (see module doc); returns it.
+        `known_valid`: a snapshot this process has just written whole and fsynced (not read back)."""
+        valid = list(islice((k for k in reversed(self.snapshots()) if k == known_valid or self.checks_out(k)), 2))
         if len(valid) < 2:
             return []
         keep_from = valid[1]

@@ -11,6 +11,10 @@ samples as their Sample msgpack bytes (what `PackedSample.raw` holds), so nothin
 a restore rebuilds the same records the hub had. Delivered batches are not stored as such: a batch is
 rebuilt from its groups (their delivered samples, in index order), as `HubState.form_batch` made it.
 
+Encoding has two phases so that the hub's loop only takes the first: `state_image` (plain data, new
+containers around leaves that never change: the state of that moment) and `pack_image` (msgpack, group by
+group, on any thread); `encode_state` is both at once.
+
 Writing is atomic: a temp name, fsync, rename, fsync of the directory. A file whose checksum, framing
 or content does not check out raises `SnapshotInvalid` on reading (the journal then falls back to the
 previous snapshot).
@@ -22,6 +26,8 @@ import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import msgpack
 
 from asyncrl import records as R
 from asyncrl import wire
@@ -35,6 +41,9 @@ from asyncrl.replay.state import HubState
 
 FORMAT = 1
 S = R.SampleState
+_STATE_VALUES = {s: s.value for s in S}  # Enum.value is a Python-level property: ~1 us a read, per sample
+_PHASE_VALUES = {p: p.value for p in Phase}
+_SCORE_VALUES = {s: s.value for s in R.ScoreStatus}
 
 
 class SnapshotInvalid(ValueError):
@@ -46,11 +55,17 @@ class SnapshotInvalid(ValueError):
 
 def write_snapshot(path: Path, state: HubState, segment: int) -> int:
     """Atomically write `state` (which covers every segment before `segment`) to `path`; returns its size."""
+    return write_image(path, state_image(state, segment))
+
+
+def write_image(path: Path, image: dict[str, Any]) -> int:
+    """Atomically write a `state_image` to `path`; returns its size. Reads no live state: any thread may call
+    it (the hub's snapshot thread does), and it packs group by group so the loop runs in between."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
     w = LogWriter(tmp, fsync="always")
     try:
-        w.append(encode_state(state, segment))
+        w.append(*pack_image(image))
     finally:
         w.close()
     os.replace(tmp, path)
@@ -76,8 +91,15 @@ def read_snapshot(path: Path) -> tuple[HubState, int]:
 
 
 def encode_state(st: HubState, segment: int) -> bytes:
+    return encode_record(state_image(st, segment))
+
+
+def state_image(st: HubState, segment: int) -> dict[str, Any]:
+    """The snapshot of `st` as plain data whose containers are all new and whose leaves never change (str, int,
+    float, bool, None, bytes, views of received frames, score components): it stays the state of this moment
+    while the hub goes on mutating `st`, so it may be packed later on another thread."""
     book = st.book
-    return encode_record({
+    return {
         "format": FORMAT,
         "segment": segment,
         "counts": _pack_counts(st.counts),
@@ -89,18 +111,39 @@ def encode_state(st: HubState, segment: int) -> bytes:
         "leases": [st.leases.issued, [[e.lease_id, e.generator, e.expires_at, list(e.prompt_ids)]
                                       for e in st.leases.leases.values()]],
         "book": [book.last_formed, book.committed,
-                 [[step, b.policy_version, b.dropped_stale, book.prompt_ids[step]] for step, b in book.delivered.items()]],
+                 [[step, b.policy_version, b.dropped_stale, list(book.prompt_ids[step])]
+                  for step, b in book.delivered.items()]],
         "version": st.version, "admitted": st.admitted, "events": dict(st.events),
         "pending_dropped": st.pending_dropped, "prompts_seq": st.prompts_seq,
-    })
+    }
+
+
+def pack_image(image: dict[str, Any]) -> list[bytes]:
+    """Pieces whose concatenation is `encode_record(image)`, each group packed by its own call: msgpack holds the
+    GIL for a whole call, so packing the state at once would stall the hub's loop for the whole snapshot."""
+    packer = msgpack.Packer(use_bin_type=True)  # one per call: a Packer is not thread-safe
+    out = [packer.pack_map_header(len(image))]
+    for key, value in image.items():
+        out.append(packer.pack(key))
+        if key == "groups":
+            out.append(packer.pack_array_header(len(value)))
+            out.extend(packer.pack(g) for g in value)
+        else:
+            out.append(packer.pack(value))
+    return out
 
 
 def _pack_group(g: GroupEntry) -> list[Any]:
     if g.prompt_frame is None:  # every snapshot holds every live group: encode each prompt once, not per snapshot
         g.prompt_frame = wire.encode(g.prompt)
-    return [g.prompt_frame, g.phase.value, g.lease_id, [s.value for s in g.states], g.min_versions,
-            g.checked_min, [_pack_sample(s) for s in g.samples], [_pack_scored(sc) for sc in g.scored], g.client,
-            g.evaluate]
+    # samples as [raw (packed as bin, copied once by msgpack), min_version, finite]; scores as [reward,
+    # components, status, reason]: built inline, this runs for every sample slot of every live group
+    return [g.prompt_frame, _PHASE_VALUES[g.phase], g.lease_id, list(map(_STATE_VALUES.__getitem__, g.states)),
+            list(g.min_versions), g.checked_min,
+            [None if s is None else [s.raw, s.min_version, s.finite] for s in g.samples],
+            [None if sc is None else [sc.reward, sc.components, _SCORE_VALUES[sc.status], sc.reason]
+             for sc in g.scored],
+            g.client, g.evaluate]
 
 
 def _pack_counts(c: SampleCounts) -> list[Any]:
@@ -114,14 +157,6 @@ def _unpack_counts(c: SampleCounts, v: list[Any]) -> None:
     c.client_submitted, c.client_failed = client or (0, 0)
     c.by_state = {s: by_state.get(s.value, 0) for s in S}  # a state newer than the snapshot: none yet
     c.transitions = Counter(transitions)
-
-
-def _pack_sample(s: wire.PackedSample | None) -> list[Any] | None:
-    return None if s is None else [bytes(s.raw), s.min_version, s.finite]
-
-
-def _pack_scored(sc: R.ScoredSample | None) -> list[Any] | None:
-    return None if sc is None else [sc.reward, sc.components, sc.status.value, sc.reason]
 
 
 # ------------------------------------------------------------------------------------- decode

@@ -13,7 +13,7 @@ from asyncrl import records as R
 from asyncrl.wire.checks import fail
 from asyncrl.wire.envelope import open_envelope
 from asyncrl.wire.frames import DEFAULT_MAX_FRAME_BYTES, check_size, unpack_with_spans, unpackb
-from asyncrl.wire.sample import pack_sample
+from asyncrl.wire.sample import pack_samples
 from asyncrl.wire.schema import record_check
 
 _SAMPLE_BATCH_FIELDS = frozenset({"lease_id", "samples"})
@@ -42,9 +42,8 @@ def decode_packed(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_
     if type(samples) is not list:
         raise fail(("SampleBatch", "samples"), "list", samples)
     assert len(spans) == len(samples), "one span per sample of the last 'samples' key"
-    where = ("SampleBatch", "samples")
-    return R.SampleBatch(lease_id=lease_id, samples=[
-        pack_sample(s, view[a:b], (where, i)) for i, (s, (a, b)) in enumerate(zip(samples, spans))])
+    return R.SampleBatch(lease_id=lease_id, samples=pack_samples(samples, [view[a:b] for a, b in spans],
+                                                                 ("SampleBatch", "samples")))
 
 
 def _validate(top: Any) -> Any:

@@ -23,6 +23,7 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # record class -> field names (e
 _SPLICE_MESSAGES = (R.Batch, R.Completion)  # what the hub sends with stored samples inside
 _SPLICE_PARENTS = (R.Batch, R.Group, R.ScoredSample, R.SampleBatch, R.Completion)
 _SPLICE_KEYS: dict[type, tuple[bytes, list[tuple[str, bytes]]]] = {}
+_SCORED_FIELDS = ("sample", "reward", "components", "status", "reason")  # the order `_compose` writes them in
 
 
 def encode(msg: Any) -> bytes:
@@ -63,6 +64,13 @@ def _compose(obj: Any, out: list[bytes | memoryview]) -> None:
     """Append the msgpack pieces of `obj` to `out`, each PackedSample as its bytes."""
     if type(obj) is PackedSample:
         out.append(obj.raw)
+    elif type(obj) is R.ScoredSample:  # one per sample of a Batch: straight-line, same bytes as the loop below
+        header, keys = _splice_keys(R.ScoredSample)
+        out.append(header)
+        out.append(keys[0][1])
+        _compose(obj.sample, out)
+        out.append(b"".join((keys[1][1], _pack(obj.reward), keys[2][1], _pack(obj.components), keys[3][1],
+                             _pack(obj.status), keys[4][1], _pack(obj.reason))))
     elif type(obj) is list:
         out.append(_PACKER.pack_array_header(len(obj)))
         for x in obj:
@@ -86,5 +94,6 @@ def _splice_keys(cls: type) -> tuple[bytes, list[tuple[str, bytes]]]:
     got = _SPLICE_KEYS.get(cls)
     if got is None:
         names = [f.name for f in dataclasses.fields(cls)]
+        assert cls is not R.ScoredSample or names == list(_SCORED_FIELDS), f"ScoredSample fields are {names}"
         got = _SPLICE_KEYS[cls] = (_PACKER.pack_map_header(len(names)), [(n, _pack(n)) for n in names])
     return got

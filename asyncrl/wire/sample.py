@@ -5,8 +5,9 @@
 `decode_packed` and keeps each sample as a `PackedSample`, its exact msgpack bytes plus the few fields
 the hub reads, validated as fully as `decode` does. `asyncrl.wire.encode` splices those bytes into
 the frames that carry them (Batch, Completion): never decoded or encoded again. Reward workers get only
-what scoring reads (`PackedSample.response_text`, `finish_reason`, `env_reward`, `env_error`, read from the
-bytes without building the arrays).
+what scoring reads (`PackedSample.take_scoring`: response_text, finish_reason, env_reward, env_error, kept from
+the arrival's decoding until they are handed out, then read from the bytes again if ever needed, without
+building the arrays).
 
 The multi-turn fields (`EPISODE_FIELDS`: loss_mask, turn_rewards, env_reward, env_error, rollout) travel
 only when they differ from their defaults, so a single-turn Sample's bytes are what they were before
@@ -23,7 +24,7 @@ import msgpack
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.wire.arrays import F4, I4, as_numpy, vector
+from asyncrl.wire.arrays import DTYPES, F4, I4, VECTOR_HEADER, as_numpy, vector
 from asyncrl.wire.checks import Where, WireError, dict_of, fail, path, scalar
 from asyncrl.wire.frames import unpackb
 
@@ -35,6 +36,7 @@ _FLOAT = scalar(float)
 EPISODE_FIELDS: dict[str, Any] = {"loss_mask": None, "turn_rewards": None, "env_reward": None, "env_error": "",
                                   "rollout": {}}
 _BASE_FIELDS = tuple(f.name for f in dataclasses.fields(R.Sample) if f.name not in EPISODE_FIELDS)
+Scoring = tuple[str, R.FinishReason, float | None, str]  # response_text, finish_reason, env_reward, env_error
 MAX_ENV_ERROR_CHARS = 2048  # longest env_error a peer may send (the generator clips its reasons below this)
 
 
@@ -49,9 +51,22 @@ class PackedSample:
     min_version: int | None  # oldest policy version among its tokens; None for an empty response
     raw: bytes | memoryview  # the Sample's msgpack map, as it arrived
     finite: bool = True  # every logprob is finite (the hub fails a sample that is not)
+    # What a reward worker reads, as decoded on arrival, kept only until `take_scoring` (None: read `raw`).
+    scoring: Scoring | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def unpack(self) -> R.Sample:
         return check_sample(unpackb(self.raw), "Sample")
+
+    def take_scoring(self) -> Scoring:
+        """(response_text, finish_reason, env_reward, env_error): the decoder's copy, released here (a sample
+        offered again reads them from `raw`), else read from `raw` in one pass."""
+        got, self.scoring = self.scoring, None
+        if got is not None:
+            return got
+        values = self._scalars(("response_text", "finish_reason", "env_reward", "env_error"))
+        env_reward = values.get("env_reward")
+        return (values.get("response_text", ""), _FINISH[values.get("finish_reason", "")],
+                None if env_reward is None else float(env_reward), values.get("env_error", ""))
 
     @property
     def response_text(self) -> str:
@@ -75,13 +90,22 @@ class PackedSample:
 
     def _scalar(self, name: str, default: Any) -> Any:
         """The value of key `name` in `raw`, skipping every other value unbuilt; `default` when absent."""
+        return self._scalars((name,)).get(name, default)
+
+    def _scalars(self, names: tuple[str, ...]) -> dict[str, Any]:
+        """The values of the keys `names` present in `raw`, in one pass, every other value skipped unbuilt."""
         u = msgpack.Unpacker(raw=False)
         u.feed(self.raw)
+        out: dict[str, Any] = {}
         for _ in range(u.read_map_header()):
-            if u.unpack() == name:
-                return u.unpack()
-            u.skip()
-        return default
+            key = u.unpack()
+            if key in names:
+                out[key] = u.unpack()
+                if len(out) == len(names):
+                    break
+            else:
+                u.skip()
+        return out
 
 
 def sample_body(s: R.Sample) -> dict[str, Any]:
@@ -105,12 +129,42 @@ def check_sample(v: Any, where: Where) -> R.Sample:
 
 def pack_sample(v: Any, raw: memoryview, where: Where) -> PackedSample:
     """One unpacked Sample map and its bytes `raw` -> a PackedSample, checked as `check_sample` checks."""
-    pid, idx, finish, _, resp, logp, vers, _, _, _ = _parts(v, where)
-    _episode(v, finish, resp[1], where)
-    n = vers[1]
-    oldest = int(as_numpy(vers, I4).min()) if n else None
-    finite = bool(np.isfinite(as_numpy(logp, F4)).all()) if n else True
-    return PackedSample(prompt_id=pid, sample_index=idx, min_version=oldest, raw=raw, finite=finite)
+    return pack_samples([v], [raw], where, lambda where, i: where)[0]
+
+
+def pack_samples(values: list[Any], raws: list[memoryview], where: Where,
+                 item: Any = lambda where, i: (where, i)) -> list[PackedSample]:
+    """`pack_sample` of each (map, bytes) pair, checked in order; the per-token work (oldest version, finite
+    logprobs) runs once over the whole list instead of four numpy calls per sample."""
+    checked = []
+    for i, v in enumerate(values):
+        at = item(where, i)
+        pid, idx, finish, _, resp, logp, vers, text, _, _ = _parts(v, at)
+        episode = _episode(v, finish, resp[1], at)
+        checked.append((pid, idx, vers, logp, (text, finish, episode.get("env_reward"), episode["env_error"])))
+    oldest, finite = _token_checks([c[2] for c in checked], [c[3] for c in checked])
+    return [PackedSample(prompt_id=pid, sample_index=idx, min_version=old, raw=raw, finite=fin, scoring=scoring)
+            for (pid, idx, _, _, scoring), raw, old, fin in zip(checked, raws, oldest, finite)]
+
+
+def _token_checks(versions: list[tuple[bytes, int]], logprobs: list[tuple[bytes, int]]) -> tuple[list, list]:
+    """Per sample: its oldest version (None for an empty response) and whether every logprob is finite, from
+    the `vector`s of each; the arrays of all non-empty samples are joined and reduced at once."""
+    lengths = [n for _, n in versions]  # == the logprob counts (`_parts` checked)
+    full = [i for i, n in enumerate(lengths) if n]
+    oldest: list[int | None] = [None] * len(lengths)
+    finite = [True] * len(lengths)
+    if not full:
+        return oldest, finite
+    starts = np.cumsum([0] + [lengths[i] for i in full[:-1]])
+    vers = np.frombuffer(b"".join([memoryview(versions[i][0])[VECTOR_HEADER:] for i in full]), DTYPES[I4])
+    for i, m in zip(full, np.minimum.reduceat(vers, starts).tolist()):
+        oldest[i] = m
+    ok = np.isfinite(np.frombuffer(b"".join([memoryview(logprobs[i][0])[VECTOR_HEADER:] for i in full]), DTYPES[F4]))
+    if not ok.all():
+        for i, f in zip(full, np.logical_and.reduceat(ok, starts).tolist()):
+            finite[i] = f
+    return oldest, finite
 
 
 def _parts(v: Any, where: Where) -> tuple[Any, ...]:

@@ -1,0 +1,133 @@
+"""The journal's writer thread (`Flusher`): the same files as the synchronous journal, tickets that become
+durable only after their fsync, replies held until then, and a writer error that reaches the loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from replay_fakes import arrive, fingerprint, prompt, scripted_run
+
+from asyncrl import records as R
+from asyncrl.peer import HubPeer
+from asyncrl.replay import log as replay_log
+from asyncrl.replay.config import HubConfig
+from asyncrl.replay.journal import Journal
+from asyncrl.replay.journal_format import encode_record
+from asyncrl.replay.log import iter_records
+from asyncrl.replay.segments import Segments
+from asyncrl.replay.snapshot import encode_state, pack_image, state_image
+from asyncrl.replay.state import HubState
+from bench.journal import OFF, accounting, synthetic_run
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def live_and_resumed(path, background: bool, compact_bytes: int) -> tuple[tuple, tuple, int]:
+    j = Journal.open(path, compact_bytes=compact_bytes, background=background)
+    synthetic_run(j, 40, prompts_per_step=3, n=2, tokens=8)
+    live = (fingerprint(j.state), accounting(j))
+    j.close()
+    again = Journal.open(path)
+    resumed = (fingerprint(again.state), accounting(again))
+    again.close()
+    return live, resumed, j.snapshots_written
+
+
+def test_background_journal_resumes_as_the_synchronous_one(tmp_path, monkeypatch):
+    sync_live, sync_resumed, _ = live_and_resumed(tmp_path / "sync" / "replay.log", False, OFF)
+    assert sync_resumed == sync_live
+    live, resumed, _ = live_and_resumed(tmp_path / "fast" / "replay.log", True, 4096)  # rotations skipped
+    assert resumed == live and live[1] == sync_live[1]  # while a snapshot is still being written
+
+    sync = Journal.sync
+
+    def settled(j: Journal) -> int:  # a slower run: each snapshot is in place before the next sync
+        ticket = sync(j)
+        while j.flusher is not None and j.flusher.snapshot_pending:
+            time.sleep(0.001)
+        return ticket
+
+    monkeypatch.setattr(Journal, "sync", settled)
+    live, resumed, snapshots = live_and_resumed(tmp_path / "bg" / "replay.log", True, 4096)
+    assert resumed == live and live[1] == sync_live[1]
+    files = Segments(tmp_path / "bg" / "replay.log")
+    assert snapshots > 2 and len(files.snapshots()) == 2 and len(files.segments()) <= 3  # compacted, pruned
+
+
+def test_snapshot_image_packs_to_the_same_bytes_and_stays_put_while_the_state_moves():
+    j = Journal(HubState(), None)
+    scripted_run(j)
+    image = state_image(j.state, 3)
+    before = encode_state(j.state, 3)
+    assert b"".join(pack_image(image)) == encode_record(image) == before
+    sub = R.SubmitPrompts(prompts=[prompt("later")])
+    j.submit(b"", sub)  # the hub goes on mutating; the image taken earlier does not change
+    assert b"".join(pack_image(image)) == before != encode_state(j.state, 3)
+
+
+class BlockedSync:
+    """LogWriter.sync that waits for `release` (a slow disk) once `block` is set."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.block, self.release, self.entered = threading.Event(), threading.Event(), threading.Event()
+        original = replay_log.LogWriter.sync
+
+        def sync(writer) -> None:
+            if self.block.is_set():
+                self.entered.set()
+                self.release.wait(10)
+            original(writer)
+
+        monkeypatch.setattr(replay_log.LogWriter, "sync", sync)
+
+
+def test_a_ticket_is_durable_only_after_its_fsync(tmp_path, monkeypatch):
+    disk = BlockedSync(monkeypatch)
+    path = tmp_path / "replay.log"
+    j = Journal.open(path, background=True)
+    disk.block.set()
+    frame, msg = arrive(R.SubmitPrompts(prompts=[prompt("a")]))
+    j.submit(frame, msg)
+    ticket = j.sync()
+    assert disk.entered.wait(5)
+    assert j.durable() < ticket  # written maybe, not yet synced: nothing may acknowledge it
+    disk.release.set()
+    j.wait_durable()
+    assert j.durable() >= ticket and len(list(iter_records(path))) == 1
+    j.close()
+
+
+def test_a_writer_error_reaches_the_loop(tmp_path, monkeypatch):
+    j = Journal.open(tmp_path / "replay.log", background=True)
+
+    def broken(writer) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(replay_log.LogWriter, "sync", broken)
+    frame, msg = arrive(R.SubmitPrompts(prompts=[prompt("a")]))
+    j.submit(frame, msg)
+    ticket = j.sync()
+    j.wait_durable()
+    assert j.durable() < ticket
+    with pytest.raises(OSError, match="No space"):
+        j.sync()
+    j.close()  # does not raise again: the hub already failed on the error
+
+
+def test_the_hub_replies_only_once_the_log_is_synced(tmp_path, monkeypatch, start_hub):
+    disk = BlockedSync(monkeypatch)
+    h = start_hub(HubConfig(), run_dir=tmp_path)
+    got: list[object] = []
+    with HubPeer(h.endpoint, "t", timeout_s=20) as peer:
+        peer.request(R.Heartbeat(service="test", name="t"))  # connected, nothing logged
+        disk.block.set()
+        asking = threading.Thread(target=lambda: got.append(peer.request(R.SubmitPrompts(prompts=[prompt("a")]))))
+        asking.start()
+        assert disk.entered.wait(5)
+        time.sleep(0.3)
+        assert not got  # the submit is logged, not yet durable: its Ack is held
+        disk.release.set()
+        asking.join(10)
+        assert isinstance(got[0], R.Ack) and got[0].info == {"prompt_ids": ["a"]}
