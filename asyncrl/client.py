@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.credentials import SECRET_FILE, Credentials
-from asyncrl.peer import HubError, HubPeer
+from asyncrl.net.credentials import SECRET_FILE, Credentials
+from asyncrl.net.peer import HubError, HubPeer
 from asyncrl.reward.reference import RewardComponentRef, complete_reference, run_reward_components
-from asyncrl.rundir import read_run_json
+from asyncrl.run.rundir import read_run_json
 from asyncrl.task.prompt_row import parse_row
 
 PromptLike = str | list[int] | dict[str, Any] | R.Prompt
@@ -162,7 +162,7 @@ class Client:
             return self.peer.request(R.StatsRequest()).counters
 
     def request(self, msg: Any) -> Any:
-        """Any request of the hub contract (see asyncrl.peer)."""
+        """Any request of the hub contract (see asyncrl.net.peer)."""
         with self._lock:
             return self.peer.request(msg)
 

@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl import dtypes, records
+from asyncrl import records
+
+from asyncrl.precision import dtypes
 from bench import flops, trace_gaps
 
 SHAPE_DEFAULTS = {"tiny": (64, 63), "0.5b": (256, 256), "1.5b": (256, 256)}  # samples, response tokens

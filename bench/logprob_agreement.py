@@ -22,7 +22,7 @@ def learner_logprobs(hf, prompt: list[list[int]], outs, temperature: float, chun
                      logits_fp32: bool = False) -> torch.Tensor:
     """-> [num_seqs, output_len] fp32 logprobs of the engine's tokens under one HF forward per chunk
     (logits_fp32: the lm_head's fp32 output, as the learner computes it with model.logits_fp32)."""
-    from asyncrl.fp32_logits import fp32_logits
+    from asyncrl.precision.fp32_logits import fp32_logits
 
     rows = []
     plen = len(prompt[0])

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from asyncrl.nccl_env import nccl_env  # torch-free: the settings must precede importing torch
+from asyncrl.net.nccl_env import nccl_env  # torch-free: the settings must precede importing torch
 
 os.environ.setdefault("NCCL_DEBUG", "WARN")
 os.environ.update(nccl_env())  # as the launcher gives its GPU children; the spawned side inherits it

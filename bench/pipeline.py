@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from asyncrl.config.run import load_run_config
-from asyncrl.timeline import read_timelines
+from asyncrl.observe.timeline import read_timelines
 from bench.intervals import clip, intersect, total, union
 from launch.__main__ import EMBEDDED
 from launch.__main__ import main as launch_main

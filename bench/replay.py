@@ -40,9 +40,9 @@ import numpy as np
 
 from asyncrl import records as R
 from asyncrl.config.run import load_run_config
-from asyncrl.peer import HubPeer
+from asyncrl.net.peer import HubPeer
 from asyncrl.replay.segments import Segments
-from asyncrl.rundir import save_config, write_run_json
+from asyncrl.run.rundir import save_config, write_run_json
 
 
 def pin(cores: list[int]) -> None:
@@ -62,7 +62,7 @@ def make_sample(pid: str, i: int, tokens: int, rng: np.random.Generator) -> R.Sa
 def connect(endpoint: str, name: str, role: str, args: argparse.Namespace) -> HubPeer:
     """A peer proving `role` with the run's secret, as the launcher's children do (the hub refuses strangers
     and checks what each role may send)."""
-    from asyncrl.credentials import Credentials
+    from asyncrl.net.credentials import Credentials
 
     return HubPeer(endpoint, name, timeout_s=60, credentials=Credentials.from_run_dir(args.run_dir, role))
 

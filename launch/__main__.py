@@ -18,7 +18,7 @@ from pathlib import Path
 from asyncrl.config.loader import ConfigError, apply_overrides, from_dict, to_dict
 from asyncrl.config.reference import render_text
 from asyncrl.config.run import RunConfig, load_run_config
-from asyncrl.rundir import RunDirError, check_resumable, load_config, make_run_dir, save_config
+from asyncrl.run.rundir import RunDirError, check_resumable, load_config, make_run_dir, save_config
 from launch.host import Host, LocalHost
 from launch.placement import Placement, run_placement
 from launch.preflight import preflight

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.nccl_env import nccl_env  # noqa: F401  (the launcher's children get it; asyncrl.nccl_env owns it)
+from asyncrl.net.nccl_env import nccl_env  # noqa: F401  (the launcher's children get it; asyncrl.net.nccl_env owns it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from asyncrl.plot.evals import last_eval
-from asyncrl.rundir import last_metrics
+from asyncrl.run.rundir import last_metrics
 from launch.report import duration
 
 

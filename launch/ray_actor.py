@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from asyncrl.credentials import ENV_KEY, ENV_ROLE, ENV_SERVER
+from asyncrl.net.credentials import ENV_KEY, ENV_ROLE, ENV_SERVER
 from launch.ports import free_ports
 from launch.processes import LocalProc, ProcessSpec, spawn
 

@@ -29,12 +29,12 @@ from typing import Any
 
 from asyncrl import records as R
 from asyncrl.config.run import RunConfig
-from asyncrl.credentials import Credentials, RunSecret
-from asyncrl.feeder import Feeder
-from asyncrl.peer import ENV_RECONNECT, HubPeer
+from asyncrl.net.credentials import Credentials, RunSecret
+from asyncrl.run.feeder import Feeder
+from asyncrl.net.peer import ENV_RECONNECT, HubPeer
 from asyncrl.plot.evals import read_evals
-from asyncrl.prometheus import LOOPBACK, metrics_url
-from asyncrl.rundir import last_metrics, write_json, write_run_json
+from asyncrl.observe.prometheus import LOOPBACK, metrics_url
+from asyncrl.run.rundir import last_metrics, write_json, write_run_json
 from launch.host import Host, LocalHost
 from launch.placement import Placement, nccl_env, run_placement
 from launch.processes import Child, ProcessSpec, log_tail, stop

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from asyncrl.generator.build import CPU_THREADS, build_generator
-from asyncrl.heartbeat import fatal_to_hub
-from asyncrl.lifecycle import start_service
+from asyncrl.net.heartbeat import fatal_to_hub
+from asyncrl.run.lifecycle import start_service
 
 
 def main() -> None:

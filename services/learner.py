@@ -11,9 +11,9 @@ import os
 import torch.distributed as dist
 
 from asyncrl.learner.service import LearnerService, init_distributed
-from asyncrl.heartbeat import fatal_to_hub
-from asyncrl.lifecycle import start_service
-from asyncrl.prometheus import url_port
+from asyncrl.net.heartbeat import fatal_to_hub
+from asyncrl.run.lifecycle import start_service
+from asyncrl.observe.prometheus import url_port
 
 
 def main() -> None:

@@ -16,9 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from asyncrl.credentials import RunSecret
-from asyncrl.lifecycle import start_service
-from asyncrl.prometheus import url_port
+from asyncrl.net.credentials import RunSecret
+from asyncrl.run.lifecycle import start_service
+from asyncrl.observe.prometheus import url_port
 from asyncrl.replay.hub import Hub, install_uvloop
 from asyncrl.replay.log import LogCorrupt
 

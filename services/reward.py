@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.heartbeat import fatal_to_hub
-from asyncrl.lifecycle import StopFlag, start_service
-from asyncrl.peer import HubPeer
+from asyncrl.net.heartbeat import fatal_to_hub
+from asyncrl.run.lifecycle import StopFlag, start_service
+from asyncrl.net.peer import HubPeer
 from asyncrl.reward.scorer import Scorer
 from asyncrl.reward.worker import RewardWorker
 

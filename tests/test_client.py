@@ -14,7 +14,7 @@ import asyncrl
 from asyncrl import cli
 from asyncrl import records as R
 from asyncrl.config.batch import BatchConfig
-from asyncrl.peer import HubPeer
+from asyncrl.net.peer import HubPeer
 from asyncrl.replay.background import BackgroundHub
 from asyncrl.replay.config import HubConfig
 

@@ -9,8 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "asyncrl"
 RUN = "asyncrl.config.run"
 ASSEMBLERS = {  # build one process (or the run folder, or the config reference) from the whole run config
-    "asyncrl/generator/build.py", "asyncrl/learner/service.py", "asyncrl/feeder.py", "asyncrl/rundir.py",
-    "asyncrl/config/reference.py", "asyncrl/lifecycle.py",  # lifecycle.start_service: a service's config
+    "asyncrl/generator/build.py", "asyncrl/learner/service.py", "asyncrl/run/feeder.py", "asyncrl/run/rundir.py",
+    "asyncrl/config/reference.py", "asyncrl/run/lifecycle.py",  # lifecycle.start_service: a service's config
     "asyncrl/eval/offline.py",  # the stand-alone evaluation: an engine from the run config
 }
 

@@ -92,7 +92,7 @@ class LiveEvaluator:
 
     def _default_client(self) -> Any:
         from asyncrl.client import Client
-        from asyncrl.credentials import Credentials, RunSecret, SECRET_FILE
+        from asyncrl.net.credentials import Credentials, RunSecret, SECRET_FILE
 
         # the learner's own credentials (environment) are the learner's role: submitting is a client's
         creds = Credentials.for_role(RunSecret.load(self.run_dir), "client") if (self.run_dir / SECRET_FILE).exists() else None

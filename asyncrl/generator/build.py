@@ -7,7 +7,7 @@ from pathlib import Path
 
 from asyncrl.config.model import resolve_model_path
 from asyncrl.config.run import RunConfig
-from asyncrl.credentials import Credentials
+from asyncrl.net.credentials import Credentials
 from asyncrl.engine.protocol import Engine
 from asyncrl.generator.worker import GeneratorWorker
 from asyncrl.rollout.config import RolloutConfig
@@ -15,8 +15,8 @@ from asyncrl.rollout.environment import load_environment
 from asyncrl.rollout.multi_turn import MultiTurn
 from asyncrl.rollout.protocol import Rollout
 from asyncrl.rollout.single_turn import SingleTurn
-from asyncrl.peer import HubPeer
-from asyncrl.timeline import Timeline
+from asyncrl.net.peer import HubPeer
+from asyncrl.observe.timeline import Timeline
 from asyncrl.weights.receiver import WeightReceiver
 
 

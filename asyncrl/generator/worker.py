@@ -31,11 +31,11 @@ import numpy as np
 from asyncrl import records as R
 from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
 from asyncrl.generator.admission import why_not
-from asyncrl.heartbeat import Hub  # timeout_s is shortened at shutdown: an exit never hangs on a dead hub
-from asyncrl.heartbeat import Heartbeats
+from asyncrl.net.heartbeat import Hub  # timeout_s is shortened at shutdown: an exit never hangs on a dead hub
+from asyncrl.net.heartbeat import Heartbeats
 from asyncrl.rollout.protocol import Finished, Rollout, Trajectory
 from asyncrl.rollout.single_turn import SingleTurn
-from asyncrl.timeline import Timeline
+from asyncrl.observe.timeline import Timeline
 from asyncrl.weights.receiver import UpdateResult
 
 log = logging.getLogger(__name__)

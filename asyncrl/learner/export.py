@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from asyncrl import dtypes
+from asyncrl.precision import dtypes
 
 SIDE_FILES = (
     "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

@@ -18,7 +18,7 @@ backward turns those saved logits into their gradient in place (one fused pass) 
 When the micro-batch's logits would exceed KEEP_LOGITS_BYTES they are not kept: the forward and backward
 walk `chunk` rows at a time and the backward recomputes each chunk's logits (one extra matmul per chunk).
 
-fp32=True (ModelConfig.logits_fp32): the logits are the matmul's fp32 output (asyncrl/fp32_logits.py), as the
+fp32=True (ModelConfig.logits_fp32): the logits are the matmul's fp32 output (asyncrl/precision/fp32_logits.py), as the
 engine's, and are kept in fp32; the backward reads them and writes d logits in the weight's dtype for the two
 matmuls, which is what it writes without the option.
 """
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from asyncrl.fp32_logits import fp32_logits
+from asyncrl.precision.fp32_logits import fp32_logits
 from asyncrl.learner import logprob_kernels as K
 
 KEEP_LOGITS_BYTES = 16 << 30  # logits of one micro-batch kept between forward and backward (bf16: 56k x 152k)

@@ -18,7 +18,7 @@
 * Held-out evaluation (eval.every > 0, rank 0): asked for after the weights of step 0, every N-th and the last
   step are pushed; it runs on its own thread through the generators (asyncrl.eval.live) and its records join
   the next metrics line; only the last one is waited for (at most eval.timeout_s).
-* Every rank heartbeats the hub (asyncrl.heartbeat) while it waits for a batch; a crash is reported as a
+* Every rank heartbeats the hub (asyncrl.net.heartbeat) while it waits for a batch; a crash is reported as a
   FatalError (services/learner.py), which turns on the hub's shutdown flag for the other services.
 """
 
@@ -40,22 +40,22 @@ import torch.distributed as dist
 
 from asyncrl import records as R
 from asyncrl.config.model import resolve_model_path
-from asyncrl.credentials import RunSecret
+from asyncrl.net.credentials import RunSecret
 from asyncrl.eval.live import LiveEvaluator
 from asyncrl.config.run import RunConfig
-from asyncrl.heartbeat import Heartbeats
+from asyncrl.net.heartbeat import Heartbeats
 from asyncrl.learner import fsdp, lora
 from asyncrl.learner.checkpoint import latest_checkpoint
 from asyncrl.learner.rescorer import Rescorer
 from asyncrl.learner.trainer import Trainer
-from asyncrl.lifecycle import StopFlag
-from asyncrl.metrics import MetricsWriter
-from asyncrl.nccl_env import set_nccl_defaults
-from asyncrl.tcp_store import bound_store, client_store
-from asyncrl.peer import HubError, HubPeer
+from asyncrl.run.lifecycle import StopFlag
+from asyncrl.observe.metrics import MetricsWriter
+from asyncrl.net.nccl_env import set_nccl_defaults
+from asyncrl.net.tcp_store import bound_store, client_store
+from asyncrl.net.peer import HubError, HubPeer
 from asyncrl.rollout.metrics import episode_metrics
 from asyncrl.task import task_sampling
-from asyncrl.timeline import Timeline
+from asyncrl.observe.timeline import Timeline
 from asyncrl.weights.bucket import drain
 from asyncrl.weights.sender import WeightSender
 

@@ -37,9 +37,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from asyncrl.stage import stage  # named ranges in bench.learner --profile
+from asyncrl.observe.stage import stage  # named ranges in bench.learner --profile
 
-from asyncrl import dtypes, records
+from asyncrl import records
+
+from asyncrl.precision import dtypes
 from asyncrl.learner import advantages as adv
 from asyncrl.learner import attention
 from asyncrl.learner import checkpoint as ckpt
@@ -62,7 +64,7 @@ class Trainer:
                  residual_fp32: bool = False, logits_fp32: bool = False) -> None:
         """rescorer: deterministic mode's source of proximal logprobs (rescorer.py); None: the policy's forward.
         residual_fp32: an fp32 residual stream in the decoder (residual_stream.py; ModelConfig.residual_fp32).
-        logits_fp32: the lm_head's output in fp32 (asyncrl/fp32_logits.py; ModelConfig.logits_fp32)."""
+        logits_fp32: the lm_head's output in fp32 (asyncrl/precision/fp32_logits.py; ModelConfig.logits_fp32)."""
         self.cfg = cfg
         self.residual_fp32, self.logits_fp32 = residual_fp32, logits_fp32
         self.rescorer = rescorer

@@ -1,6 +1,6 @@
 """The replay hub server: one ZeroMQ ROUTER socket on an asyncio (uvloop) event loop.
 
-Who talks to it (every peer holds one DEALER, see `asyncrl.peer.HubPeer`):
+Who talks to it (every peer holds one DEALER, see `asyncrl.net.peer.HubPeer`):
 
     client/dataset ──SubmitPrompts──►┐                      ┌──Lease◄────── generator ×N (LeaseRequest,
                                      │                      │               credit = free slots)
@@ -26,7 +26,7 @@ frames, so the disk's latency overlaps the hub's work instead of stalling it.
     loop:    drain+handle (turn t) ─ sync → ticket t ─ hold replies(t) ─ drain+handle (t+1) ─ ... ─ send(≤ t)
     writer:                           └► write, fsync ──────────────────► durable = t, wake (pipe) ┘
 
-Trust: with the run's `secret` every connection must authenticate (asyncrl.zap: PLAIN on loopback,
+Trust: with the run's `secret` every connection must authenticate (asyncrl.net.zap: PLAIN on loopback,
 CURVE elsewhere) and each request carries its connection's role and name (`Caller`), which HubCore
 checks against what the role may send. Without a secret the hub binds loopback only.
 """
@@ -44,16 +44,17 @@ import zmq
 import zmq.asyncio
 
 from asyncrl import records as R
-from asyncrl import endpoints, wire
+from asyncrl import wire
+from asyncrl.net import endpoints
 from asyncrl.config.batch import BatchConfig
-from asyncrl.credentials import is_local
-from asyncrl.prometheus import PrometheusExporter, Sample
+from asyncrl.net.credentials import is_local
+from asyncrl.observe.prometheus import PrometheusExporter, Sample
 from asyncrl.replay.config import HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.roles import Caller
 from asyncrl.replay.stats import prometheus_samples
-from asyncrl.zap import ZapHandler
+from asyncrl.net.zap import ZapHandler
 
 log = logging.getLogger("asyncrl.replay")
 

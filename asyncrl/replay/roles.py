@@ -1,6 +1,6 @@
 """What each role may ask of the hub (`refusal`), checked before any handler runs.
 
-The role comes from the connection's authentication (ZAP `User-Id`, see asyncrl.zap); the name from the
+The role comes from the connection's authentication (ZAP `User-Id`, see asyncrl.net.zap); the name from the
 connection's `X-Name` metadata. A hub built without a secret (an in-process hub in tests or an
 embedding) has no callers to check: `caller` is None and everything is allowed.
 

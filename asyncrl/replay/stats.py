@@ -18,7 +18,7 @@ from collections import Counter, deque
 from typing import Any, Protocol
 
 from asyncrl.config.batch import BatchConfig
-from asyncrl.prometheus import Sample
+from asyncrl.observe.prometheus import Sample
 from asyncrl.records import SampleState
 from asyncrl.replay.config import HubConfig
 from asyncrl.replay.journal import Journal

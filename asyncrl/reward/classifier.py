@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from asyncrl import dtypes
+from asyncrl.precision import dtypes
 from asyncrl.records import RewardSpec
 
 _OPTIONS = {"model", "batch_size", "device", "max_length", "label", "dtype"}

@@ -21,8 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from asyncrl.heartbeat import Heartbeats
-from asyncrl.peer import HubError
+from asyncrl.net.heartbeat import Heartbeats
+from asyncrl.net.peer import HubError
 from asyncrl.records import ScoredIds, ScoreRequest, ScoreResult, ScoreStatus
 from asyncrl.reward.config import RewardConfig
 from asyncrl.reward.scorer import Scorer

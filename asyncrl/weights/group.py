@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from asyncrl.nccl_env import set_nccl_defaults
+from asyncrl.net.nccl_env import set_nccl_defaults
 
 BACKENDS = ("gloo", "nccl")
 _STORE_DEVICE = {"gloo": "cpu", "nccl": "cuda"}  # first device of torch's BackendConfig for the backend
@@ -72,7 +72,7 @@ def _td(seconds: float) -> datetime.timedelta:
 def host_store(address: str, world_size: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
     """Learner side: start the rendezvous store listening on `address` only (a plain TCPStore listens on
     every interface); returns at once, `.port` is the port it got."""
-    from asyncrl.tcp_store import bound_store
+    from asyncrl.net.tcp_store import bound_store
 
     return bound_store(address, port, world_size, timeout_s)
 

@@ -42,7 +42,7 @@ import torch
 import zmq
 
 from asyncrl import wire
-from asyncrl.credentials import Credentials
+from asyncrl.net.credentials import Credentials
 from asyncrl.engine.protocol import Engine, GenerationOutput
 from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGroupInit, WeightJoin
 from asyncrl.weights.bucket import BucketLayout, unflatten

@@ -46,7 +46,9 @@ from typing import Any
 import torch
 import zmq
 
-from asyncrl import endpoints, wire
+from asyncrl import wire
+
+from asyncrl.net import endpoints
 from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightJoin
 from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, iter_buckets
 from asyncrl.weights.cuda_ipc import gpu_uuid
@@ -55,7 +57,7 @@ from asyncrl.weights.link import start_link
 from asyncrl.weights.member import MAX_PENDING_JOINS, Member, check_join, reported_failure, take_ack
 from asyncrl.weights.report import PushReport
 from asyncrl.weights.transport import Sending
-from asyncrl.zap import ZapHandler
+from asyncrl.net.zap import ZapHandler
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class WeightSender:
         """endpoint: ZeroMQ address to bind ("tcp://127.0.0.1:0" picks a port; see `.endpoint`).
         device: where buckets are packed (the learner's device). master_address: address generators use
         to reach this host's rendezvous stores. secret: the run's secret; with it, a peer that does not
-        prove a role of the run (ZAP: PLAIN on loopback, CURVE elsewhere; asyncrl/zap.py) cannot connect.
+        prove a role of the run (ZAP: PLAIN on loopback, CURVE elsewhere; asyncrl/net/zap.py) cannot connect.
         dtype: floating-point tensors travel cast to it (the generators' model dtype; None: as given).
         window: buckets in flight per push (>= 1; see the module docstring)."""
         if pause_mode not in ("abort", "continue"):

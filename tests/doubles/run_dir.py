@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.config.run import RunConfig, load_run_config
-from asyncrl.credentials import RunSecret
-from asyncrl.rundir import save_config, write_run_json
+from asyncrl.net.credentials import RunSecret
+from asyncrl.run.rundir import save_config, write_run_json
 from launch.ports import free_port
 
 

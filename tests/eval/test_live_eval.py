@@ -15,7 +15,7 @@ from asyncrl.config.batch import BatchConfig
 from asyncrl.eval.config import EvalConfig
 from asyncrl.eval.live import LiveEvaluator
 from asyncrl.eval.rounds import Response, round_prompts, summarize
-from asyncrl.peer import HubPeer
+from asyncrl.net.peer import HubPeer
 from asyncrl.replay.background import BackgroundHub
 from asyncrl.replay.config import HubConfig
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asyncrl.config.run import RunConfig
-from asyncrl.rundir import save_config
+from asyncrl.run.rundir import save_config
 from launch.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_show_config_prints_every_key_with_type_default_and_doc(capsys):
 
 
 def test_resume_of_an_unfinished_run_reuses_it_and_clears_its_old_summary(tmp_path):
-    from asyncrl.rundir import make_run_dir
+    from asyncrl.run.rundir import make_run_dir
 
     run = past_run(tmp_path / "run", steps=5, last_step=2)
     cfg = RunConfig()

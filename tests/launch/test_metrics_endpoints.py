@@ -8,8 +8,8 @@ import pytest
 
 from asyncrl.config.launch import LaunchConfig
 from asyncrl.config.run import load_run_config
-from asyncrl.prometheus import url_port
-from asyncrl.rundir import read_run_json
+from asyncrl.observe.prometheus import url_port
+from asyncrl.run.rundir import read_run_json
 from launch.placement import Placement
 from launch.supervisor import Supervisor
 

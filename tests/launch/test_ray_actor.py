@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from asyncrl.credentials import ENV_KEY, ENV_ROLE
+from asyncrl.net.credentials import ENV_KEY, ENV_ROLE
 from launch.processes import ProcessSpec
 from launch.ray_actor import ServiceActor
 

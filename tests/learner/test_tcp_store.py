@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from asyncrl.tcp_store import bound_store, client_store
+from asyncrl.net.tcp_store import bound_store, client_store
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp")
 

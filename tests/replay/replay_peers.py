@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.peer import HubPeer
+from asyncrl.net.peer import HubPeer
 
 
 def sample(pid: str, i: int, version: int) -> R.Sample:

@@ -20,8 +20,8 @@ import pytest
 import zmq
 
 from asyncrl import records as R
-from asyncrl.credentials import Credentials
-from asyncrl.peer import HubPeer
+from asyncrl.net.credentials import Credentials
+from asyncrl.net.peer import HubPeer
 from tests.doubles.run_dir import launched_run_dir
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]

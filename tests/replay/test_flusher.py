@@ -10,7 +10,7 @@ import pytest
 from replay_fakes import arrive, fingerprint, prompt, scripted_run
 
 from asyncrl import records as R
-from asyncrl.peer import HubPeer
+from asyncrl.net.peer import HubPeer
 from asyncrl.replay import log as replay_log
 from asyncrl.replay.config import HubConfig
 from asyncrl.replay.journal import Journal

@@ -13,7 +13,7 @@ from replay_fakes import prompt, sample
 from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.config.batch import BatchConfig
-from asyncrl.peer import HubPeer
+from asyncrl.net.peer import HubPeer
 from asyncrl.replay.config import HubConfig
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ from replay_fakes import prompt, sample
 
 from asyncrl import records as R
 from asyncrl.config.batch import BatchConfig
-from asyncrl.peer import HubError, HubPeer
+from asyncrl.net.peer import HubError, HubPeer
 from asyncrl.replay.config import HubConfig
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ from replay_fakes import prompt, sample
 
 from asyncrl import records as R
 from asyncrl import wire
-from asyncrl.peer import HubError, HubPeer
+from asyncrl.net.peer import HubError, HubPeer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ from replay_fakes import prompt
 
 from asyncrl import records as R
 from asyncrl.config.batch import BatchConfig
-from asyncrl.peer import HubPeer
+from asyncrl.net.peer import HubPeer
 from asyncrl.replay.background import BackgroundHub
 from asyncrl.replay.config import HubConfig
 from tests.doubles.scraper import scrape

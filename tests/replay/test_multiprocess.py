@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl import records as R
-from asyncrl.credentials import Credentials, RunSecret
-from asyncrl.peer import HubPeer
+from asyncrl.net.credentials import Credentials, RunSecret
+from asyncrl.net.peer import HubPeer
 from tests.doubles.run_dir import launched_run_dir
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]

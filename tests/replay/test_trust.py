@@ -13,12 +13,12 @@ import zmq
 
 from asyncrl import records as R
 from asyncrl.config.batch import BatchConfig
-from asyncrl.credentials import Credentials, RunSecret, is_local, server_pair
-from asyncrl.peer import HubError, HubPeer
+from asyncrl.net.credentials import Credentials, RunSecret, is_local, server_pair
+from asyncrl.net.peer import HubError, HubPeer
 from asyncrl.replay.background import BackgroundHub
 from asyncrl.replay.config import HubConfig
 from asyncrl.replay.hub import Hub
-from asyncrl.zap import ZapHandler
+from asyncrl.net.zap import ZapHandler
 
 
 @pytest.fixture

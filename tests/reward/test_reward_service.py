@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from asyncrl import records as R
-from asyncrl.credentials import Credentials, RunSecret
-from asyncrl.peer import HubPeer
+from asyncrl.net.credentials import Credentials, RunSecret
+from asyncrl.net.peer import HubPeer
 from asyncrl.replay.background import BackgroundHub
-from asyncrl.rundir import load_config
+from asyncrl.run.rundir import load_config
 from tests.doubles.run_dir import launched_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@
 import asyncio
 import threading
 
-from asyncrl.peer import HubError
+from asyncrl.net.peer import HubError
 from asyncrl.records import Ack, Heartbeat, RewardSpec, ScoredIds, ScoreRequest, ScoreStatus, ToScore, ToScoreItem
 from asyncrl.reward.scorer import Scorer
 from asyncrl.reward.worker import RewardWorker

@@ -6,7 +6,7 @@ import time
 import pytest
 import zmq
 
-from asyncrl.credentials import Credentials, RunSecret
+from asyncrl.net.credentials import Credentials, RunSecret
 from asyncrl.weights.sender import WeightSender
 
 

@@ -31,9 +31,9 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from asyncrl.stage import stage
+from asyncrl.observe.stage import stage
 
-from asyncrl import dtypes
+from asyncrl.precision import dtypes
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.kv_cache import KVCache
 from asyncrl.engine.torch.adapter_merge import AdapterMerge, LoraSpec

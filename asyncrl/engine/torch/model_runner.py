@@ -33,8 +33,8 @@ from asyncrl.engine.torch.paged_attention import AttentionMetadata
 from asyncrl.engine.torch.sampler import SamplingBatch, sample
 from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 from asyncrl.engine.torch.kernels.sampler import sample_fused
-from asyncrl.fp32_logits import out_dtype_supported
-from asyncrl.stage import stage
+from asyncrl.precision.fp32_logits import out_dtype_supported
+from asyncrl.observe.stage import stage
 
 
 class ModelRunner:

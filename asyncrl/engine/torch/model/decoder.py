@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from asyncrl.engine.torch.model.attention import Attention
-from asyncrl.fp32_logits import fp32_logits
+from asyncrl.precision.fp32_logits import fp32_logits
 from asyncrl.engine.torch.model.config import ArchConfig
 from asyncrl.engine.torch.model.layers import MLP, RMSNorm, RotaryEmbedding, default_inv_freq
 from asyncrl.engine.torch.paged_attention import AttentionMetadata
@@ -92,7 +92,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """hidden: [num_rows, hidden] -> logits [num_rows, vocab] (matmul in the model dtype), as fp32
         unless fp32=False (the fused sampler reads the model dtype and converts on the fly). With
-        `logits_fp32` the matmul's fp32 output is never rounded to the model dtype (asyncrl/fp32_logits.py)."""
+        `logits_fp32` the matmul's fp32 output is never rounded to the model dtype (asyncrl/precision/fp32_logits.py)."""
         if self.logits_fp32:
             return fp32_logits(hidden, self.lm_head.weight)
         logits = self.lm_head(hidden)

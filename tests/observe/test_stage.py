@@ -1,6 +1,6 @@
 import torch
 
-from asyncrl.stage import stage
+from asyncrl.observe.stage import stage
 
 
 def test_stage_is_a_profiler_range_while_profiling():

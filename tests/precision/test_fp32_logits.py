@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.fp32_logits import fp32_logits, out_dtype_supported
+from asyncrl.precision.fp32_logits import fp32_logits, out_dtype_supported
 
 
 def _operands(dtype: torch.dtype, device: str = "cpu", scale: float = 8.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-from asyncrl.timeline import Timeline, read_timelines
+from asyncrl.observe.timeline import Timeline, read_timelines
 
 
 def test_close_spans_merge_and_kinds_stay_apart(tmp_path):

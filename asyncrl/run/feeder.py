@@ -22,8 +22,8 @@ from pathlib import Path
 from asyncrl import records as R
 from asyncrl.config.model import resolve_model_path
 from asyncrl.config.run import RunConfig
-from asyncrl.peer import HubError, HubPeer
-from asyncrl.rundir import write_json
+from asyncrl.net.peer import HubError, HubPeer
+from asyncrl.run.rundir import write_json
 from asyncrl.task.source import make_prompt_source
 
 log = logging.getLogger(__name__)

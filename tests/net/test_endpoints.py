@@ -1,8 +1,8 @@
-"""asyncrl.endpoints.bind: port 0 picks a free port; the endpoint returned is the one bound."""
+"""asyncrl.net.endpoints.bind: port 0 picks a free port; the endpoint returned is the one bound."""
 
 import zmq
 
-from asyncrl import endpoints
+from asyncrl.net import endpoints
 
 
 def test_port_zero_picks_a_free_port_and_names_it():

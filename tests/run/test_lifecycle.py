@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from asyncrl.lifecycle import REPEAT_S, StopFlag
+from asyncrl.run.lifecycle import REPEAT_S, StopFlag
 
 
 @pytest.fixture

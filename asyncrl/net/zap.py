@@ -24,9 +24,9 @@ import threading
 import zmq
 from zmq.utils import z85
 
-from asyncrl.credentials import ROLES, curve_pair, is_local, role_key, server_pair
+from asyncrl.net.credentials import ROLES, curve_pair, is_local, role_key, server_pair
 
-log = logging.getLogger("asyncrl.zap")
+log = logging.getLogger("asyncrl.net.zap")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 POLL_MS = 100

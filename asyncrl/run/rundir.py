@@ -3,7 +3,7 @@
     RUN_DIR/config.json    the resolved RunConfig (written by the launcher)
     RUN_DIR/run.json       {"endpoints": {service -> ZeroMQ endpoint}, "pids": {process -> pid}, ...}
                            (written by the launcher before it starts any service; how everyone finds the run)
-    RUN_DIR/secret         the run's secret (asyncrl.credentials)
+    RUN_DIR/secret         the run's secret (asyncrl.net.credentials)
     RUN_DIR/logs/          one log per process
     RUN_DIR/metrics.jsonl  one line per learner step; RUN_DIR/tensorboard/ the same as events
     RUN_DIR/summary.json   the hub's final accounting (written at the end)
@@ -25,7 +25,7 @@ from typing import Any
 
 from asyncrl.config.loader import from_dict, to_dict
 from asyncrl.config.run import RunConfig
-from asyncrl.durable import write_json_atomic
+from asyncrl.run.durable import write_json_atomic
 
 
 class RunDirError(ValueError):
@@ -36,7 +36,7 @@ class RunDirError(ValueError):
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomic: temporary name, fsync, rename (asyncrl.durable)."""
+    """Atomic: temporary name, fsync, rename (asyncrl.run.durable)."""
     write_json_atomic(Path(path), data)
 
 

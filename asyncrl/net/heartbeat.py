@@ -26,7 +26,7 @@ FATAL_REPORT_TIMEOUT_S = 5.0  # a dying process does not wait long for a hub tha
 
 
 class Hub(Protocol):
-    """What is needed of the hub connection (asyncrl.peer.HubPeer)."""
+    """What is needed of the hub connection (asyncrl.net.peer.HubPeer)."""
 
     timeout_s: float
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from asyncrl.metrics import MetricsWriter
-from asyncrl.prometheus import PrometheusExporter, Sample, scalar_samples, url_port
+from asyncrl.observe.metrics import MetricsWriter
+from asyncrl.observe.prometheus import PrometheusExporter, Sample, scalar_samples, url_port
 from tests.doubles.scraper import scrape
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config.run import RunConfig
-from asyncrl.credentials import Credentials, RunSecret
-from asyncrl.rundir import load_config, read_run_json
+from asyncrl.net.credentials import Credentials, RunSecret
+from asyncrl.run.rundir import load_config, read_run_json
 
 
 REPEAT_S = 0.5

@@ -10,7 +10,7 @@ for the answer to the next request); within `reconnect_s` of the first attempt t
 on the new socket (the launcher restarts a dead hub from its log; every hub request is safe to repeat:
 a repeat is either answered again or refused with a reason), after that TimeoutError is raised.
 
-Authentication (asyncrl.credentials): the socket proves `credentials` (default: the role and key the
+Authentication (asyncrl.net.credentials): the socket proves `credentials` (default: the role and key the
 launcher put in the environment, `Credentials.from_env()`; none: an unauthenticated hub, e.g. in tests).
 `reconnect_s` defaults to ASYNCRL_HUB_RECONNECT_S from the launcher, else 0; `give_up()` (a service's stop
 flag) ends the retries early, and a wait for a reply after STOPPING_GRACE_S: a service stopping because its
@@ -38,9 +38,9 @@ import zmq
 
 from asyncrl import records as R
 from asyncrl import wire
-from asyncrl.credentials import Credentials
+from asyncrl.net.credentials import Credentials
 
-log = logging.getLogger("asyncrl.peer")
+log = logging.getLogger("asyncrl.net.peer")
 PUSHED = (R.Completion,)  # messages the hub sends without a request
 REPLIES: dict[type, tuple[type, ...]] = {  # what answers each request (any other: Ack); ErrorReply always may
     R.LeaseRequest: (R.Lease,), R.ScoreRequest: (R.ToScore,), R.BatchRequest: (R.Batch, R.Ack),

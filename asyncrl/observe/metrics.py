@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from asyncrl.prometheus import PrometheusExporter, scalar_samples
-from asyncrl.wandb_run import WandbRun
+from asyncrl.observe.prometheus import PrometheusExporter, scalar_samples
+from asyncrl.observe.wandb_run import WandbRun
 
 log = logging.getLogger(__name__)
 

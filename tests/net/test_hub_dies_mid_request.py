@@ -12,7 +12,7 @@ import zmq
 from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.config.run import RunConfig
-from asyncrl.feeder import Feeder
+from asyncrl.run.feeder import Feeder
 
 
 class _Hub(threading.Thread):
@@ -65,7 +65,7 @@ def test_a_request_the_hub_never_answers_is_sent_again_and_feeding_goes_on(tmp_p
 def test_a_stopping_peer_stops_waiting_for_a_reply_that_never_comes():
     """A service whose launcher died gets SIGTERM while its request to the (also dead) hub is in flight: the
     stop flag ends the wait after the grace, not after the full timeout."""
-    from asyncrl.peer import HubPeer
+    from asyncrl.net.peer import HubPeer
 
     hub = _Hub(drop=1)
     hub.start()

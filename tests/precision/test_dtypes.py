@@ -1,11 +1,11 @@
-"""asyncrl.dtypes: the one name -> dtype table and the one "auto" rule."""
+"""asyncrl.precision.dtypes: the one name -> dtype table and the one "auto" rule."""
 
 import typing
 
 import pytest
 import torch
 
-from asyncrl import dtypes
+from asyncrl.precision import dtypes
 from asyncrl.config.model import ModelConfig
 
 

@@ -1,9 +1,9 @@
-"""asyncrl.heartbeat: the clock, the answer read from the hub's reply, best-effort fatal reports."""
+"""asyncrl.net.heartbeat: the clock, the answer read from the hub's reply, best-effort fatal reports."""
 
 import pytest
 
 from asyncrl import records as R
-from asyncrl.heartbeat import Heartbeats, fatal_to_hub, report_fatal
+from asyncrl.net.heartbeat import Heartbeats, fatal_to_hub, report_fatal
 
 
 class RecordingHub:
@@ -21,7 +21,7 @@ class RecordingHub:
 
 def test_due_then_not_until_the_interval_passes(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("asyncrl.heartbeat.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("asyncrl.net.heartbeat.time.monotonic", lambda: now[0])
     hb = Heartbeats("learner", "learner-0", every_s=2.0)
     assert hb.due()
     msg = hb.message({"step": 3.0})
