@@ -89,7 +89,8 @@ def test_embedded_default_learns_across_two_ray_nodes_on_loopback(cluster, tmp_p
 
     assert not watch.foreign, "sockets off loopback:\n" + "\n".join(map(str, watch.foreign))
     services = {(name, address) for name, address in watch.listening if " -m services." in name}
-    assert services and all(not address.startswith(("0.0.0.0:", ":::")) for _, address in services), services
+    everywhere = [(name, address) for name, address in services if address.startswith(("0.0.0.0:", ":::"))]
+    assert services and not everywhere, "services listening on every interface:\n" + "\n".join(map(str, everywhere))
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
