@@ -109,7 +109,7 @@ class HubPeer:
             reply = self._recv_until(min(deadline, time.monotonic() + _SLICE_S))
             if reply is None:
                 now = time.monotonic()
-                if now < deadline and not (self.give_up() and now - sent >= STOPPING_GRACE_S):
+                if now < deadline and not self._stopped_waiting(now, sent):
                     continue
                 self.sock.close(linger=0)
                 self.sock = self._connect()
@@ -134,12 +134,16 @@ class HubPeer:
                 return
             except zmq.Again:
                 now = time.monotonic()
-                if now >= deadline or (self.give_up() and now - sent >= STOPPING_GRACE_S):
+                if now >= deadline or self._stopped_waiting(now, sent):
                     self.sock.close(linger=0)
                     self.sock = self._connect()
                     raise TimeoutError(f"could not send {type(msg).__name__} to the hub at {self.endpoint} within "
                                        f"{now - sent:.1f}s (no connection)") from None
                 self.sock.poll(int(_SLICE_S * 1000), zmq.POLLOUT)
+
+    def _stopped_waiting(self, now: float, sent: float) -> bool:
+        """The owner is stopping (give_up()) and the request has had its grace."""
+        return now - sent >= STOPPING_GRACE_S and self.give_up()
 
     def receive(self, timeout_s: float = 0.0) -> Any | None:
         """Next message the hub pushed unasked (a Completion), or None after `timeout_s`."""
