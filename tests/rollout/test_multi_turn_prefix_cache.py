@@ -16,30 +16,13 @@ from asyncrl.engine.torch.engine import TorchEngine
 from asyncrl.engine.torch.model import build_from_hf
 from asyncrl.generator.worker import GeneratorWorker
 from asyncrl.rollout.config import RolloutConfig
-from asyncrl.rollout.environment import Observation, Step
 from asyncrl.rollout.multi_turn import MultiTurn
 from tests.doubles.worker_fakes import FakeHub
 
+from rollout_fakes import ENV_IDS, TURNS, Again, IdTokenizer
+
 pytestmark = pytest.mark.timeout(120)
-PAGE, TURNS, TURN_TOKENS, ENV_IDS = 4, 3, 6, [3, 4, 5]
-
-
-class Again:
-    def reset(self, task):
-        return None
-
-    def step(self, action):
-        if action.turn < TURNS:
-            return Step(observation=Observation(token_ids=ENV_IDS))
-        return Step(reward=1.0, done=True)
-
-
-class IdTokenizer:
-    eos_token_id = None
-    chat_template = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
+PAGE, TURN_TOKENS = 4, 6
 
 
 class Metered:

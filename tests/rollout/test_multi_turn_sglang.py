@@ -13,31 +13,13 @@ from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.generator.worker import GeneratorWorker
 from asyncrl.rollout.config import RolloutConfig
-from asyncrl.rollout.environment import Observation, Step
 from asyncrl.rollout.multi_turn import MultiTurn
 from tests.doubles.sglang_double import SGLangDouble
 from tests.doubles.worker_fakes import FakeHub
 
+from rollout_fakes import ENV_IDS, TURNS, Again, IdTokenizer
+
 pytestmark = pytest.mark.timeout(60)
-ENV_IDS = [3, 4, 5]
-
-
-class Again:
-    def reset(self, task):
-        return None
-
-    def step(self, action):
-        if action.turn < 3:
-            return Step(observation=Observation(token_ids=ENV_IDS))
-        return Step(reward=1.0, done=True)
-
-
-class IdTokenizer:
-    eos_token_id = None
-    chat_template = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
 
 
 def test_episodes_continue_by_input_ids_on_sglang():
@@ -46,7 +28,7 @@ def test_episodes_continue_by_input_ids_on_sglang():
         prompt = np.asarray([7, 8, 9], np.int32)
         hub = FakeHub([R.Prompt(prompt_id="p", n=2, token_ids=prompt,
                                 sampling=R.SamplingParams(max_new_tokens=6, temperature=1.0))])
-        rollout = MultiTurn(RolloutConfig(environment="x:y", max_turns=3, max_total_tokens=40), Again, IdTokenizer(),
+        rollout = MultiTurn(RolloutConfig(environment="x:y", max_turns=TURNS, max_total_tokens=40), Again, IdTokenizer(),
                             engine.limits().vocab_size)
         worker = GeneratorWorker(name="g", engine=engine, hub=hub, tokenizer=IdTokenizer(), max_running=8,
                                  rollout=rollout)
