@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from e2e_helpers import metrics
 from test_learning_loop import launch, summary
-from test_supervision import _alive, wait_for_step
+from test_supervision import _alive, _what_the_run_said, wait_for_step
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "learner"))
 from test_tcp_store import listening  # noqa: E402
@@ -37,10 +38,11 @@ def kill(run_dir: Path, name: str) -> int:
     return pid
 
 
-def wait_new_pid(run_dir: Path, name: str, old: int, timeout_s: float = 60) -> None:
+def wait_new_pid(run_dir: Path, name: str, old: int, proc: subprocess.Popen, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while pids(run_dir)[name] == old:
-        assert time.monotonic() < deadline, f"{name} was not restarted"
+        if time.monotonic() >= deadline or proc.poll() is not None:
+            raise AssertionError(f"{name} was not restarted\n{_what_the_run_said(run_dir, proc)}")
         time.sleep(0.1)
 
 
@@ -54,9 +56,9 @@ def test_generator_killed_six_times_and_hub_once_the_run_finishes_by_itself(tmp_
     try:
         for i in range(6):
             wait_for_step(run_dir, 2 + 3 * i, proc=proc)
-            wait_new_pid(run_dir, "generator-0", kill(run_dir, "generator-0"))
+            wait_new_pid(run_dir, "generator-0", kill(run_dir, "generator-0"), proc)
             if i == 2:
-                wait_new_pid(run_dir, "replay", kill(run_dir, "replay"))
+                wait_new_pid(run_dir, "replay", kill(run_dir, "replay"), proc)
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
