@@ -131,12 +131,14 @@ class Supervisor:
     def watch(self, progress: Progress) -> None:
         last_step = int(last_metrics(self.run_dir).get("step", 0))  # a resumed run starts past 0: not progress
         while True:
-            self._check_children()
             step = int(last_metrics(self.run_dir).get("step", 0))
             if step != last_step:  # the run trains: every service up now is healthy (launch/restarts.py)
                 last_step = step
                 for budget in self.budgets.values():
                     budget.progress()
+            # after the step is read: a service that crashed right after steps it was up for (a turn of this
+            # loop can take seconds while the hub is down) is not one crash more in a row
+            self._check_children()
             learners = [c for n, c in self.children.items() if n.startswith("learner")]
             if all(c.proc.poll() == 0 for c in learners):
                 return
