@@ -111,8 +111,7 @@ class HubPeer:
                 now = time.monotonic()
                 if now < deadline and not self._stopped_waiting(now, sent):
                     continue
-                self.sock.close(linger=0)
-                self.sock = self._connect()
+                self._replace_socket()
                 raise TimeoutError(f"no reply from the hub at {self.endpoint} to {type(msg).__name__} "
                                    f"within {now - sent:.1f}s" + (" (stopping)" if now < deadline else ""))
             if isinstance(reply, PUSHED):
@@ -135,11 +134,15 @@ class HubPeer:
             except zmq.Again:
                 now = time.monotonic()
                 if now >= deadline or self._stopped_waiting(now, sent):
-                    self.sock.close(linger=0)
-                    self.sock = self._connect()
+                    self._replace_socket()
                     raise TimeoutError(f"could not send {type(msg).__name__} to the hub at {self.endpoint} within "
                                        f"{now - sent:.1f}s (no connection)") from None
                 self.sock.poll(int(_SLICE_S * 1000), zmq.POLLOUT)
+
+    def _replace_socket(self) -> None:
+        """A new connection after a request failed: a late reply on the old one is never read."""
+        self.sock.close(linger=0)
+        self.sock = self._connect()
 
     def _stopped_waiting(self, now: float, sent: float) -> bool:
         """The owner is stopping (give_up()) and the request has had its grace."""
