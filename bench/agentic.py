@@ -108,7 +108,8 @@ class IdTokenizer:
 def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int, prefix_cache: bool) -> dict[str, Any]:
     max_len = prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
     rows = max(1, int(args.episodes / args.oversubscribe))  # the engine's max_running; the rest wait their turn
-    engine = Metered(make_engine(hf, rows, max_len, prefix_cache=prefix_cache))
+    kv_sequences = args.kv_episodes or args.episodes  # room for every episode's KV while it waits on its tool
+    engine = Metered(make_engine(hf, rows, max_len, kv_sequences=kv_sequences, prefix_cache=prefix_cache))
     rng = np.random.default_rng(0)
     sampling = R.SamplingParams(max_new_tokens=args.turn_tokens, ignore_eos=True, temperature=1.0)
     groups = args.episodes // args.group
@@ -126,6 +127,7 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int,
     wall = time.perf_counter() - start
     rollout.close()
     return {"tool_ms": tool_ms, "prefix_cache": prefix_cache, "episodes": len(hub.samples), "engine_rows": rows,
+            "kv_tokens": kv_sequences * max_len,
             "turns": float(np.mean([s.rollout["turns"] for s in hub.samples])), "wall_s": round(wall, 3),
             "tokens_per_s": round(engine.tokens / wall, 1), "engine_idle_frac": round(1 - engine.busy_s / wall, 3),
             **prefill_figures(engine), "episodes_per_s": round(len(hub.samples) / wall, 2),
@@ -158,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tool-ms", default="0,50,200")
     p.add_argument("--oversubscribe", type=float, default=2.0,
                    help="episodes in flight per engine row (generator.rollout.max_episodes / max_running)")
+    p.add_argument("--kv-episodes", type=int, default=0,
+                   help="KV room in episodes of the longest length (0: every episode); fewer makes the cache evict "
+                        "the KV of episodes waiting on their tool")
     p.add_argument("--prefix-cache", default="0,1", help="engine prefix cache settings to run, in turn (0 off, 1 on)")
     args = p.parse_args(argv)
     if args.episodes % args.group:

@@ -62,13 +62,14 @@ def build_hf(shape: str, max_len: int, seed: int = 0, init_std: float = 0.02, dt
     return model.eval()
 
 
-def make_engine(hf, batch: int, max_len: int, **options):
+def make_engine(hf, batch: int, max_len: int, kv_sequences: int = 0, **options):
+    """`kv_sequences`: KV room for that many sequences of `max_len` (0: `batch`)."""
     from asyncrl.engine.torch.block_manager import blocks_for
     from asyncrl.engine.torch.model import build_from_hf
     from asyncrl.engine.torch.engine import TorchEngine
 
     options = {"max_prefill_tokens": 16384, "kv_block_size": 16, **options}
-    blocks = batch * blocks_for(max_len, options["kv_block_size"]) + 64
+    blocks = (kv_sequences or batch) * blocks_for(max_len, options["kv_block_size"]) + 64
     return TorchEngine.from_model(
         build_from_hf(hf), max_running=batch, num_kv_blocks=blocks, max_model_len=max_len, **options,
     )

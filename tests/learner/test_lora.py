@@ -205,7 +205,8 @@ def test_gpu_bf16_compiled_lora_keeps_the_base_and_resumes(tiny_model, tmp_path)
     with torch.no_grad():
         ids = IDS.cuda()
         lora_fp32 = lora_trainer(tiny_model)  # same merged tensors, evaluated unmerged in fp32 on the host
-        lora_fp32.policy.hf.load_state_dict({k: fsdp.local_tensor(p.detach()).float().cpu() for k, p in t.masters},
-                                            strict=False)
+        learned = {k: fsdp.local_tensor(p.detach()).float().cpu() for k, p in t.masters}
+        for k, p in lora_fp32.masters:  # the host trainer's parameters may be DTensors too: copy into each shard
+            fsdp.local_tensor(p.data).copy_(learned[k])
         torch.testing.assert_close(plain(input_ids=ids).logits.cpu(), lora_fp32.policy.eval().hf(input_ids=IDS).logits,
                                    atol=1e-4, rtol=1e-4)

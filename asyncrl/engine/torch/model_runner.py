@@ -29,7 +29,7 @@ from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.decode_graphs import DecodeBuffers, DecodeGraphs, bucket_sizes
 from asyncrl.engine.torch.kv_cache import KVCache
 from asyncrl.engine.torch.model.decoder import CausalLM
-from asyncrl.engine.torch.paged_attention import AttentionMetadata
+from asyncrl.engine.torch.paged_attention import AttentionMetadata, after_prefix_layout
 from asyncrl.engine.torch.sampler import SamplingBatch, sample
 from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 from asyncrl.engine.torch.kernels.sampler import sample_fused
@@ -213,7 +213,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """-> input_ids [num_tokens], positions [num_tokens], metadata, and for each fresh group the
         packed row of its last token. A group's first `num_cached` tokens (a prefix-cache hit) are not
-        computed: their KV is in the cache, and its new tokens attend to it (`AttentionMetadata.context_slots`)."""
+        computed: their KV is in the cache, and its new tokens attend to it (`AttentionMetadata.after_prefix`)."""
         ids, slots, positions, context = [], [], [], []  # numpy parts, one per group
         seq_lens: list[int] = []
         last_rows: list[int] = []
@@ -225,17 +225,18 @@ class ModelRunner:
             table = np.asarray(group.seqs[0].block_table[: -(-n // page)], dtype=np.int64)  # [blocks]
             every = (table[:, None] * page + np.arange(page)).reshape(-1)[:n]  # [n]: BlockManager.slot
             slots.append(every[cached:])
-            if cached:
-                context.append(every)
+            context.append(every)
             ids.append(np.asarray(tokens[cached:], dtype=np.int64))
             positions.append(np.arange(cached, n, dtype=np.int64))
             seq_lens.append(n - cached)
             total += n - cached
             if not group.is_resume:
                 last_rows.append(total - 1)
-        cached_lens = [g.num_cached for g in groups] if context else None
+        cached_lens = [g.num_cached for g in groups]
+        hit = any(cached_lens)
         meta = AttentionMetadata(is_prefill=True, slot_mapping=self._array(slots), seq_lens=seq_lens,
-                                 cached_lens=cached_lens, context_slots=self._array(context) if context else None)
+                                 cached_lens=cached_lens if hit else None,
+                                 after_prefix=after_prefix_layout(context, cached_lens, self._to_device) if hit else None)
         return self._array(ids), self._array(positions), meta, last_rows
 
     def needs_truncation(self, seqs: list[Sequence]) -> bool:
@@ -259,6 +260,9 @@ class ModelRunner:
         """int64 numpy parts -> one int64 tensor on the device (a 16k-token prefill's ids, slots and positions
         were ~10 ms of Python per call as lists)."""
         return torch.from_numpy(np.concatenate(parts)).to(self.device)
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device)
 
     def _long(self, values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)

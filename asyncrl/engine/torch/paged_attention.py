@@ -6,15 +6,18 @@ token's KV store inside).
 The portable path calls three functions per layer:
 
 * `store_kv`: write the new tokens' K/V into their slots (slot = block_id * block_size + offset).
-* `prefill_attention`: causal attention of each sequence's new tokens; a sequence that continues a prefix
-  cached before (a prefix-cache hit, `cached_lens`) attends to that prefix's KV too, read back from the cache.
+* `prefill_attention`: causal attention of each sequence's new tokens; in a batch where some sequence continues
+  a prefix cached before (a prefix-cache hit, `cached_lens`), every sequence attends to its whole context read
+  back from the cache, all in one padded, masked call (`AfterPrefix`).
 * `decode_attention`: one query token per sequence against its cached context, gathered by block table.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -28,8 +31,19 @@ class AttentionMetadata:
     context_lens: torch.Tensor | None = None  # decode: [batch] int64, cached tokens incl. the new one
     single_pass: bool = False  # decode: one pass over each context, never split (`kernels.attention.decode_attention`)
     cached_lens: list[int] | None = None  # prefill: tokens of each sequence already in the cache; None: none
-    context_slots: torch.Tensor | None = None  # prefill: [sum of cached + new tokens] slots of every token of the
-    # sequences with cached_lens > 0, in order (their cached tokens, then their new ones)
+    after_prefix: AfterPrefix | None = None  # prefill with a cache hit in the batch: every sequence padded to one call
+
+
+@dataclass(kw_only=True, slots=True)
+class AfterPrefix:
+    """A prefill batch where some sequence continues a cached prefix, laid out for one padded attention call over
+    the cache (every new token's KV is stored before attention, so each sequence's whole context is in the cache).
+    b sequences, q_max = most new tokens, ctx_max = longest context (cached + new)."""
+
+    q_rows: torch.Tensor  # [b, q_max] int64: packed row of each sequence's i-th new token (padding: its last one)
+    k_slots: torch.Tensor  # [b, ctx_max] int64: cache slot of each context token (padding: slot 0, masked)
+    mask: torch.Tensor  # [b, 1, q_max, ctx_max] bool: True = attend (causal within the context, none past it)
+    valid: torch.Tensor  # [num_tokens] int64: flat index into [b * q_max] of each packed new token, in packed order
 
 
 def store_kv(
@@ -48,35 +62,46 @@ def prefill_attention(
 ) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim], the new tokens, already
     stored in the caches ([num_blocks, block_size, num_kv_heads, head_dim]) -> [num_tokens, num_heads, head_dim]."""
-    if meta.cached_lens is None:
+    if meta.after_prefix is None:
         return causal_attention(q, k, v, meta.seq_lens, scale)
-    outs, start = [], 0
-    for qs, ks, vs, cached in zip(q.split(meta.seq_lens), k.split(meta.seq_lens), v.split(meta.seq_lens),
-                                  meta.cached_lens, strict=True):
-        if not cached:
-            outs.append(causal_attention(qs, ks, vs, [len(qs)], scale))
-            continue
-        slots = meta.context_slots[start : start + cached + len(qs)]
-        start += len(slots)
-        outs.append(attention_after_prefix(qs, k_cache, v_cache, slots, scale))
-    return torch.cat(outs) if len(outs) > 1 else outs[0]
+    return attention_after_prefix(q, k_cache, v_cache, meta.after_prefix, scale)
 
 
 def attention_after_prefix(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pad: AfterPrefix, scale: float
 ) -> torch.Tensor:
-    """q: [new, num_heads, head_dim], the last `new` tokens of one sequence whose every token's KV is in the cache at
-    `slots` ([context] int64) -> [new, num_heads, head_dim]: each query attends to the keys up to its own."""
+    """Every sequence of the batch in one masked call, its keys read back from the cache (one call per layer, not
+    one per sequence: 128 continued episodes were 128 calls a layer). q: [num_tokens, num_heads, head_dim]
+    -> [num_tokens, num_heads, head_dim]."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k = k_cache.view(-1, num_kv_heads, head_dim)[slots]  # [context, kv_heads, head_dim]
-    v = v_cache.view(-1, num_kv_heads, head_dim)[slots]
-    positions = torch.arange(len(slots), device=q.device)
-    mask = positions[None, :] <= positions[len(slots) - len(q):, None]  # [new, context], True = attend
+    b, q_max = pad.q_rows.shape
+    qp = q[pad.q_rows]  # [b, q_max, heads, head_dim]
+    kp = k_cache.view(-1, num_kv_heads, head_dim)[pad.k_slots]  # [b, ctx_max, kv_heads, head_dim]
+    vp = v_cache.view(-1, num_kv_heads, head_dim)[pad.k_slots]
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask,
-        scale=scale, enable_gqa=True,
-    )  # [1, heads, new, head_dim]
-    return out[0].transpose(0, 1)
+        qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2), attn_mask=pad.mask, scale=scale, enable_gqa=True,
+    )  # [b, heads, q_max, head_dim]
+    return out.transpose(1, 2).reshape(b * q_max, *q.shape[1:])[pad.valid]
+
+
+def after_prefix_layout(slots: list[np.ndarray], cached_lens: list[int], to: Callable[[np.ndarray], torch.Tensor]
+                        ) -> AfterPrefix:
+    """Host-side layout of `AfterPrefix` (numpy, no device sync): `slots[i]` ([context_i] int64) are the cache slots
+    of sequence i's whole context, its first `cached_lens[i]` tokens cached, the rest its new tokens packed back to
+    back in sequence order; `to` moves an int64 / bool array to the device."""
+    new = np.asarray([len(s) - c for s, c in zip(slots, cached_lens, strict=True)], dtype=np.int64)  # [b]
+    ctx = np.asarray([len(s) for s in slots], dtype=np.int64)  # [b]
+    b, q_max, ctx_max = len(slots), int(new.max()), int(ctx.max())
+    start = np.concatenate([[0], np.cumsum(new)[:-1]])  # [b] packed row of each sequence's first new token
+    i = np.arange(q_max)
+    q_rows = start[:, None] + np.minimum(i[None, :], new[:, None] - 1)  # [b, q_max]
+    k_slots = np.zeros((b, ctx_max), dtype=np.int64)
+    for row, s in enumerate(slots):
+        k_slots[row, : len(s)] = s
+    query_pos = (ctx - new)[:, None] + np.minimum(i[None, :], new[:, None] - 1)  # [b, q_max] position in its context
+    mask = np.arange(ctx_max)[None, None, :] <= query_pos[:, :, None]  # [b, q_max, ctx_max]
+    valid = (np.arange(b)[:, None] * q_max + i[None, :])[i[None, :] < new[:, None]]  # [num_tokens], row-major
+    return AfterPrefix(q_rows=to(q_rows), k_slots=to(k_slots), mask=to(mask[:, None]), valid=to(valid))
 
 
 def causal_attention(
