@@ -3,8 +3,8 @@
 
 With `heldout` > 0 (eval.prompts while evaluation is on) the source leaves out the prompts that
 `asyncrl.task.heldout.heldout_prompts(cfg, heldout)` returns: arithmetic skips every problem whose text is
-held out, jsonl/dataset drop the held-out rows (and every row with the same prompt); reasoning_gym needs
-nothing dropped, its held-out problems are drawn from another seed and differ from the training set.
+held out, jsonl/dataset drop the held-out rows (and every row with the same prompt), reasoning_gym drops
+the training problems whose question is held out (its held-out problems are drawn from another seed).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import replace
 from asyncrl.records import Prompt, RewardSpec, SamplingParams
 from asyncrl.task.arithmetic import problems
 from asyncrl.task.config import TaskConfig
-from asyncrl.task.heldout import arithmetic_heldout, split_rows
+from asyncrl.task.heldout import arithmetic_heldout, rg_training, split_rows
 from asyncrl.task.jsonl import cycle_rows
-from asyncrl.task.rows import task_encoder, task_sampling, training_rows
+from asyncrl.task.rows import rg_rows, task_encoder, task_sampling, training_rows
 
 
 def make_prompt_source(cfg: TaskConfig, n: int, sampling: SamplingParams | None = None,
@@ -36,9 +36,12 @@ def make_prompt_source(cfg: TaskConfig, n: int, sampling: SamplingParams | None 
             exclude = {p.text for p in arithmetic_heldout(cfg, heldout)}
         return _arithmetic(cfg, n, sampling, exclude)
     encoder = task_encoder(cfg, tokenizer_path)
-    rows = training_rows(cfg, encoder)
-    if heldout and cfg.name != "reasoning_gym":
-        rows = split_rows(cfg, rows, encoder, heldout)[0]
+    if cfg.name == "reasoning_gym":
+        rows = rg_rows(cfg, rg_training(cfg, heldout), encoder)
+    else:
+        rows = training_rows(cfg, encoder)
+        if heldout:
+            rows = split_rows(cfg, rows, encoder, heldout)[0]
     return cycle_rows(rows, cfg.name, n, sampling, cfg.seed, cfg.shuffle, cfg.repeat)
 
 

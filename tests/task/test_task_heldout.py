@@ -39,11 +39,25 @@ def test_reasoning_gym_heldout_never_in_a_training_set_of_2000():
     assert texts(held) == texts(heldout_prompts(cfg, 200))
 
 
-def test_reasoning_gym_without_enough_fresh_problems():
-    tiny = {"name": "basic_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                                                   "operators": ["+"], "allow_negation": False}}
-    with pytest.raises(ValueError, match="eval.prompts=50: only"):
-        heldout_prompts(TaskConfig(name="reasoning_gym", tasks=[tiny], size=3000), 50)
+def test_reasoning_gym_heldout_is_the_same_whatever_the_training_size():
+    """The held-out set is drawn first and training skips it, so scores compare across task.size (cutting the
+    held-out set to what training lacked left it only the rare, hard problems of a large training set)."""
+    small, large = (TaskConfig(name="reasoning_gym", tasks=[ARITH], size=size) for size in (300, 6000))
+    held = texts(heldout_prompts(small, 200))
+    assert held == texts(heldout_prompts(large, 200))
+    train = set(texts(islice(make_prompt_source(large, 1, heldout=200), 6000)))
+    assert len(train) > 3000 and not train & set(held)
+    everything = set(texts(islice(make_prompt_source(large, 1), 6000)))
+    assert everything & set(held)  # without heldout the large set would train on some of them
+
+
+TINY = {"name": "basic_arithmetic", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                                               "operators": ["+"], "allow_negation": False}}  # a few hundred questions
+
+
+def test_reasoning_gym_without_enough_distinct_problems():
+    with pytest.raises(ValueError, match=r"eval.prompts=1000: only \d+ of 4064"):
+        heldout_prompts(TaskConfig(name="reasoning_gym", tasks=[TINY], size=3000), 1000)
 
 
 def test_arithmetic_training_stream_skips_the_heldout_problems():
