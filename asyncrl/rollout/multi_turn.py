@@ -15,6 +15,7 @@ the turns before (within one weight version), so the turn prefills only its new 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 from collections import Counter
@@ -40,6 +41,7 @@ class MultiTurn:
         self.cfg, self.factory, self.vocab_size = cfg, factory, vocab_size
         self.tokenizer = tokenizer
         self.encoder = ObservationEncoder(tokenizer)
+        self.env_kwargs = {**cfg.options, **_wanted(factory, tokenizer=tokenizer)}
         self.loop = loop or EnvLoop(cfg.env_threads)
         self.episodes: dict[str, list[Episode]] = {}  # prompt id -> its episodes
         self.requests: dict[str, tuple[str, int | None]] = {}  # engine request id -> (prompt id, index; None: all)
@@ -57,7 +59,7 @@ class MultiTurn:
                         params=dict(prompt.reward.params), metadata=dict(prompt.metadata), sample_index=i)
             ep = Episode(prompt.prompt_id, i, token_ids, None, task, sampling, budget)
             try:
-                ep.env = self.factory(**self.cfg.options)
+                ep.env = self.factory(**self.env_kwargs)
             except Exception as e:  # noqa: BLE001 - a broken environment fails its episodes, not the generator
                 ep.env = _Broken(f"building the environment raised {type(e).__name__}: {str(e)[:300]}")
             eps.append(ep)
@@ -220,6 +222,15 @@ class _Broken:
 
     def step(self, action: Action) -> None:
         raise RuntimeError(self.why)
+
+
+def _wanted(factory: type, **offers: object) -> dict[str, object]:
+    """The offers (the generator's tokenizer) that the environment's constructor names as parameters."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: v for k, v in offers.items() if k in params}
 
 
 def _is_failed(ep: Episode) -> bool:
