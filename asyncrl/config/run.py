@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl.config.batch import BatchConfig
 from asyncrl.config.launch import LaunchConfig
 from asyncrl.config.loader import load
-from asyncrl.config.model import ModelConfig
 from asyncrl.eval.config import EvalConfig
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.learner.config import LearnerConfig
-from asyncrl.replay.config import HubConfig
+from asyncrl.models.config import ModelConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.reward.config import RewardConfig
 from asyncrl.task.config import TaskConfig
 
@@ -48,11 +47,6 @@ class RunConfig:
                 "SGLang server rounds its residual stream to the compute dtype, and the learner must compute what "
                 "the generator does; set model.residual_fp32 = false"
             )
-        if self.learner.lora_rank and self.learner.lora_push == "adapter" and self.generator.engine != "torch":
-            raise ValueError(
-                f"learner.lora_push='adapter' needs generator.engine='torch' (now {self.generator.engine!r}): the "
-                "SGLang adapter takes merged weights only; set learner.lora_push = \"merged\" or \"auto\""
-            )
         # Commits trail a background write by up to 2 intervals; a run no longer than one interval only ever
         # writes its final checkpoint, so it holds at most all its steps uncommitted.
         need = min(2 * self.learner.checkpoint_every + 1, self.learner.steps + 1)
@@ -65,12 +59,18 @@ class RunConfig:
 
     @property
     def resolved_lora_push(self) -> str:
-        """What each weight push carries: "full" (no LoRA), "adapter" or "merged" (`learner.lora_push`)."""
+        """What each weight push carries: "full" (no LoRA), "adapter" or "merged" (`learner.lora_push`). With
+        SGLang, "auto" and "adapter" ask the server (/server_info, waiting up to sglang.startup_wait_s): "adapter"
+        when it runs with --enable-lora and the adapters fit its --max-lora-rank / --lora-target-modules (else a
+        ValueError naming the key and the flag), "merged" for "auto" on a server without LoRA serving."""
         if not self.learner.lora_rank:
             return "full"
-        if self.learner.lora_push != "auto":
-            return self.learner.lora_push
-        return "adapter" if self.generator.engine == "torch" else "merged"
+        ln = self.learner
+        if self.generator.engine == "torch" or ln.lora_push == "merged":
+            return "adapter" if ln.lora_push == "auto" else ln.lora_push
+        from asyncrl.engine.sglang.lora import resolve_push
+
+        return resolve_push(self.generator.sglang, ln.lora_push, ln.lora_rank, ln.lora_targets)
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

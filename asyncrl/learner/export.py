@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
+from asyncrl.models.peft_adapter import PeftAdapter, write_adapter
 from asyncrl.precision import dtypes
 
 SIDE_FILES = (
@@ -41,12 +41,6 @@ SIDE_FILES = (
 
 
 ADAPTER_DIR = "adapter"
-
-
-@dataclass(frozen=True, slots=True)
-class PeftAdapter:
-    tensors: dict[str, Tensor]  # PEFT key -> fp32 tensor (lora.peft_state_dict)
-    config: dict[str, Any]  # adapter_config.json (lora.peft_config)
 
 
 def export_hf(named_tensors: Iterable[tuple[str, Tensor]], config: Any, src_path: str | Path, out_dir: str | Path,
@@ -75,16 +69,6 @@ def export_hf(named_tensors: Iterable[tuple[str, Tensor]], config: Any, src_path
         shutil.rmtree(out_dir)
     os.rename(tmp, out_dir)
     return out_dir
-
-
-def write_adapter(adapter: PeftAdapter, folder: Path) -> None:
-    """A PEFT adapter folder: adapter_config.json and adapter_model.safetensors."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True)
-    (folder / "adapter_config.json").write_text(json.dumps(adapter.config, indent=1))
-    tensors = {k: t.detach().to("cpu", torch.float32).contiguous() for k, t in adapter.tensors.items()}
-    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
 def _skeleton(config: Any, dtype: torch.dtype) -> Any:

@@ -17,7 +17,7 @@ The rest of the learner sees adapters only through these functions:
     adapter_push / base_push      the adapter-only push (`learner.lora_push = "adapter"`, the torch engine): each
                                   version sends A and B only, a joining generator gets the base and the adapters;
                                   the engine merges from its pristine base (asyncrl/engine/torch/adapter_merge.py)
-    peft_state_dict / peft_config an adapter folder in PEFT's layout (export.py writes it)
+    peft_state_dict / peft_config an adapter folder in PEFT's layout (asyncrl/models/peft_adapter.py)
     check_targets                 the target names against a model folder, without loading weights (preflight)
 """
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -154,21 +153,6 @@ def base_push(masters: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tens
     """Every tensor as the learner holds it, under its HF name: the frozen base in the compute dtype and the fp32
     adapters. The full push to a (re)joining generator that merges the adapters itself. Collective under FSDP."""
     return ((name, fsdp.full_tensor(p.detach())) for name, p in masters)
-
-
-def peft_state_dict(adapters: dict[str, Tensor]) -> dict[str, Tensor]:
-    """{"<module>.lora_A": A} (HF module paths) -> PEFT's saved keys, "base_model.model.<module>.lora_A.weight"."""
-    return {f"base_model.model.{name}.weight": t for name, t in adapters.items()}
-
-
-def peft_config(targets: Sequence[str], rank: int, alpha: float, dropout: float, base_path: str) -> dict[str, Any]:
-    """adapter_config.json of a PEFT LoRA adapter for a causal LM (scale alpha / r: no rsLoRA, no DoRA)."""
-    return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
-        "r": rank, "lora_alpha": alpha, "lora_dropout": dropout, "target_modules": sorted(targets),
-        "bias": "none", "fan_in_fan_out": False, "inference_mode": True, "modules_to_save": None,
-        "init_lora_weights": True, "use_rslora": False, "use_dora": False,
-    }
 
 
 def check_targets(model_path: str | Path, targets: Sequence[str]) -> None:

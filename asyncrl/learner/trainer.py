@@ -41,6 +41,7 @@ from asyncrl.observe.stage import stage  # named ranges in bench.learner --profi
 
 from asyncrl import records
 
+from asyncrl.models import peft_adapter
 from asyncrl.precision import dtypes
 from asyncrl.learner import advantages as adv
 from asyncrl.learner import attention
@@ -328,9 +329,9 @@ class Trainer:
         adapter = None
         if self.lora:
             cfg = self.cfg
-            config = lora.peft_config(cfg.lora_targets, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
-                                      self.model_path)
-            adapter = exp.PeftAdapter(lora.peft_state_dict(self.adapter_tensors()), config)
+            config = peft_adapter.peft_config(cfg.lora_targets, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
+                                              self.model_path)
+            adapter = peft_adapter.PeftAdapter(peft_adapter.peft_state_dict(self.adapter_tensors()), config)
         return exp.export_hf(self.named_full_tensors(), self.policy.hf.config, self.model_path, out_dir,
                              write=self.dist.rank == 0, adapter=adapter)
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from asyncrl.records import WeightBucket, WeightGroupInit
-from asyncrl.weights.group import WeightGroup
+from asyncrl.weights.group import WeightGroup, connect_store
 
 
 class Sending(Protocol):
@@ -134,3 +134,12 @@ class BroadcastTransport:
 
     def close(self) -> None:
         self.group.close()
+
+
+def join_as_receiver(init: WeightGroupInit, timeout_s: float) -> BroadcastTransport:
+    """This process as the one receiving rank (rank 1 of 2) of `init`'s group: what an engine that receives pushes
+    itself broadcasts on (the SGLang adapter's LoRA mode, asyncrl/engine/sglang/lora.py)."""
+    store = connect_store(init.master_address, init.master_port, init.world_size, timeout_s)
+    group = WeightGroup(store, group_name=init.group_name, rank=1, world_size=2, backend=init.backend,
+                        timeout_s=timeout_s)
+    return BroadcastTransport(group, timeout_s)

@@ -38,6 +38,8 @@ import torch
 
 from tests.doubles.fake_model import FakeModel, log_softmax
 from tests.doubles.sglang_double_generate import BadRequest, Req, parse_generate, render
+from tests.doubles.sglang_double_lora import ROUTES as lora_routes
+from tests.doubles.sglang_double_lora import LoadedLora, acquire, lora_names
 from tests.doubles.sglang_double_radix import RadixCache
 from tests.doubles.sglang_double_weights import NOT_FOUND
 from tests.doubles.sglang_double_weights import ROUTES as weight_routes
@@ -50,7 +52,7 @@ BODY_REQUIRED = frozenset({
     "/generate", "/pause_generation", "/continue_generation", "/abort_request", "/update_weight_version",
     "/release_memory_occupation", "/resume_memory_occupation", "/begin_weight_update", "/end_weight_update",
     "/init_weights_update_group", "/destroy_weights_update_group", "/update_weights_from_distributed",
-    "/update_weights_from_tensor",
+    "/update_weights_from_tensor", "/load_lora_adapter", "/unload_lora_adapter",
 })  # fmt: skip
 """Endpoints whose FastAPI handler takes a request object: POSTing no body is a 422."""
 MISSING_BODY = {"detail": [{"type": "missing", "loc": ["body"], "msg": "Field required", "input": None}]}
@@ -75,6 +77,11 @@ class DoubleConfig:
     block_timeout_s: float = 20.0  # longest any request waits on pause / writer lock / idle
     seed: int = 0
     enable_fp32_lm_head: bool = False  # --enable-fp32-lm-head (reported by /server_info, like every server arg)
+    load_format: str = "dummy"  # --load-format, reported by /model_info ("dummy": random weights until a push)
+    enable_lora: bool = False  # --enable-lora (LoRA serving: sglang_double_lora.py)
+    max_lora_rank: int | None = None  # --max-lora-rank (None: inferred from --lora-paths, i.e. not checked)
+    lora_target_modules: tuple[str, ...] | None = None  # --lora-target-modules (None: not checked)
+    max_loras_per_batch: int = 8  # --max-loras-per-batch (reported only)
 
 
 
@@ -98,6 +105,9 @@ class SGLangDouble:
         self.tokens_generated = 0
         self.calls: list[tuple[str, Any]] = []  # (path, JSON body) of every POST, for tests to inspect
         self.prefix_cache = RadixCache()
+        self.loras: dict[str, LoadedLora] = {}  # loaded LoRA adapters by name
+        self.unloading: dict[str, LoadedLora] = {}  # unregistered, waiting for their requests to finish
+        self.unloaded: list[str] = []  # names unloaded, in order
         self.stale_kv_served = 0  # requests that were given KV computed by other weights than the server's
         self._writer = False
         self._writers_waiting = 0
@@ -121,7 +131,7 @@ class SGLangDouble:
             "/health": self._health, "/health_generate": self._health, "/ready": self._health,
             "/v1/loads": self._loads,
         }  # fmt: skip
-        for path, handler in weight_routes.items():
+        for path, handler in (weight_routes | lora_routes).items():
             self._routes[path] = lambda body, query, handler=handler: handler(self, body)
 
     @property
@@ -173,9 +183,11 @@ class SGLangDouble:
         c = self.config
         call = parse_generate(body, context_len=c.context_len, skip_tokenizer_init=c.skip_tokenizer_init,
                               vocab_size=c.vocab_size)  # fmt: skip
+        names = lora_names(body.get("lora_path"), len(call.prompts))
         with self.cond:
             self._wait(lambda: self.paused is None and not self._writer and not self._writers_waiting, "generation")
-            reqs = [self._new_req(call, i, s) for i in range(len(call.prompts)) for s in range(call.n)]
+            adapters = acquire(self, names)
+            reqs = [self._new_req(call, i, s, adapters[i]) for i in range(len(call.prompts)) for s in range(call.n)]
         try:
             self._decode_loop(reqs)
         finally:
@@ -183,11 +195,13 @@ class SGLangDouble:
                 for r in reqs:
                     self.in_flight.pop(r.rid, None)
                     self._cache(r)
+                    if r.lora is not None:
+                        r.lora.in_use -= 1
                 self.cond.notify_all()
         answers = [self._render(r, call.logprob_start_len) for r in reqs]
         return 200, answers[0] if call.single else answers
 
-    def _new_req(self, call: Any, prompt_index: int, sample: int) -> Req:
+    def _new_req(self, call: Any, prompt_index: int, sample: int, lora: LoadedLora | None) -> Req:
         prompt, params = call.prompts[prompt_index], call.params[prompt_index]
         self._n_reqs += 1
         seed = [self.config.seed, self._n_reqs]
@@ -197,6 +211,9 @@ class SGLangDouble:
                   rng=np.random.default_rng(seed), return_logprob=call.return_logprob,
                   logprob_start_len=call.logprob_start_len)  # fmt: skip
         req.extra_key = call.extra_keys[prompt_index]
+        if lora is not None:  # SGLang's radix cache never shares KV across adapters
+            lora.in_use += 1
+            req.lora, req.extra_key = lora, f"{req.extra_key}|lora:{lora.key}"
         req.cached_tokens = self._prefill(req, len(prompt))
         self.prefix_cache.insert(req.extra_key, req.prompt, req.kv_versions)
         self.in_flight[req.rid] = req
@@ -243,6 +260,7 @@ class SGLangDouble:
                 r.kv_versions.append(self.version)
             version = "garbage" if self.weights_garbage else self.version
             version = f"{version}+stale-kv" if r.stale else version
+            version = f"{version}+lora:{r.lora.key}" if r.lora is not None else version  # the adapter is applied
             token, lp = self.model.sample(r.rng, version, r.prompt, len(r.output), r.params)
             r.output.append(token)
             r.logprobs.append(lp)
@@ -358,7 +376,7 @@ class SGLangDouble:
         return 200, {
             "model_path": "fake/model", "served_model_name": "fake/model", "tokenizer_path": None,
             "is_generation": True, "preferred_sampling_params": None, "weight_version": self.version,
-            "load_format": "dummy", "reasoning_parser": None, "tool_call_parser": None,
+            "load_format": self.config.load_format, "reasoning_parser": None, "tool_call_parser": None,
             "disaggregation_mode": "null", "has_image_understanding": False, "has_audio_understanding": False,
             "model_type": "fake", "architectures": ["FakeForCausalLM"],
         }  # fmt: skip
@@ -367,7 +385,9 @@ class SGLangDouble:
         c = self.config
         return 200, {"tp_size": c.tp_size, "dp_size": 1, "context_length": c.context_len,
                      "skip_tokenizer_init": c.skip_tokenizer_init, "weight_version": self.version,
-                     "enable_fp32_lm_head": c.enable_fp32_lm_head,
+                     "enable_fp32_lm_head": c.enable_fp32_lm_head, "enable_lora": c.enable_lora,
+                     "max_lora_rank": c.max_lora_rank, "max_loras_per_batch": c.max_loras_per_batch,
+                     "lora_target_modules": list(c.lora_target_modules) if c.lora_target_modules else None,
                      "version": "0.5.23" if c.version_mode == "0.5.23" else "0.5.20"}  # fmt: skip
 
     def _health(self, body: Any, query: dict) -> tuple[int, Any]:
@@ -380,6 +400,10 @@ class SGLangDouble:
         return 200, [{"num_running_reqs": running, "num_waiting_reqs": len(live) - running}]
 
     # ---------------------------------------------------------------- helpers
+
+    def wait_for(self, predicate: Callable[[], bool], what: str) -> None:
+        """`_wait` for the endpoint modules (sglang_double_weights, sglang_double_lora); caller holds `cond`."""
+        self._wait(predicate, what)
 
     def _wait(self, predicate: Callable[[], bool], what: str) -> None:
         """cond.wait_for with the double's timeout; caller holds `cond`."""

@@ -56,6 +56,7 @@ class Req:
     extra_key: str | None = None  # the radix-cache namespace the request was sent with
     kv_versions: list[str] = field(default_factory=list)  # version that computed the KV of each id fed so far
     stale: bool = False  # it was served KV of other weights (sglang_double_radix): its logits are poisoned
+    lora: Any = None  # the LoadedLora it was sent with (sglang_double_lora), applied to its logits
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ from asyncrl.config.run import RunConfig
 from asyncrl.engine.torch.adapter_merge import LoraSpec, merge
 from asyncrl.engine.torch.engine import TorchEngine
 from asyncrl.engine.torch.forced_group import ForcedGroup
+from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.learner import lora
 from asyncrl.learner.config import DEFAULT_LORA_TARGETS, LearnerConfig
@@ -116,13 +117,17 @@ def test_bad_adapters_are_errors_naming_the_tensor(tiny_model):
         TorchEngine(tiny_model, max_running=4, lora=LoraSpec(("q_proj", "qkv_proj"), 2.0))
 
 
-def test_lora_push_resolves_from_the_engine_and_adapter_needs_the_torch_engine():
+def test_lora_push_resolves_from_the_engine():
+    """The torch engine applies adapters itself; SGLang's answer depends on its server (tests/engine/test_sglang_lora.py:
+    "adapter" with --enable-lora, "merged" without); with no server to ask, "auto" pushes merged weights and an
+    explicit "adapter" is left for the engine to check when it starts."""
     lora_on = LearnerConfig(lora_rank=8)
     assert RunConfig().resolved_lora_push == "full"
     assert RunConfig(learner=lora_on).resolved_lora_push == "adapter"
-    assert RunConfig(learner=lora_on, generator=GeneratorConfig(engine="sglang")).resolved_lora_push == "merged"
+    nowhere = GeneratorConfig(engine="sglang", sglang=SGLangConfig(base_url="http://127.0.0.1:9"))
+    assert RunConfig(learner=lora_on, generator=nowhere).resolved_lora_push == "merged"
     assert RunConfig(learner=LearnerConfig(lora_rank=8, lora_push="merged")).resolved_lora_push == "merged"
-    with pytest.raises(ValueError, match="learner.lora_push='adapter' needs generator.engine='torch'"):
-        RunConfig(learner=LearnerConfig(lora_rank=8, lora_push="adapter"), generator=GeneratorConfig(engine="sglang"))
+    adapter = LearnerConfig(lora_rank=8, lora_push="adapter")
+    assert RunConfig(learner=adapter, generator=nowhere).resolved_lora_push == "adapter"
     with pytest.raises(ValueError, match="learner.lora_push"):
         LearnerConfig(lora_push="delta")

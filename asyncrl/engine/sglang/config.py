@@ -32,6 +32,10 @@ class SGLangConfig:
     """After an abort, how long to wait for the aborted /generate calls to return their partial output."""
     startup_wait_s: float = 0.0
     """Retry /model_info this long at construction while the server starts (0: one try)."""
+    lora_dir: str = ""
+    """Adapter pushes (learner.lora_push = "adapter"): where each version's PEFT adapter folder is written for the
+    server's /load_lora_adapter to read, so a folder the server can read (same host, or a shared file system);
+    "": <system temp dir>/asyncrl-sglang-lora. A version's folder is deleted once its adapter is unloaded."""
     deterministic: bool = False
     """The server runs with --enable-deterministic-inference: send one `sampling_seed` per sample."""
     extra_sampling_params: dict[str, Any] = field(default_factory=dict)

@@ -54,6 +54,8 @@ from asyncrl.engine.sglang.generate import (
     version_number,
     with_cache_key,
 )
+from asyncrl.engine.sglang.lora import JoinChannel, Lease, SGLangAdapters
+from asyncrl.engine.torch.adapter_merge import LoraSpec
 from asyncrl.engine.sglang.weights import INCOMPLETE, SGLangWeightSync
 from asyncrl.records import FinishReason, WeightBucket, WeightGroupInit
 
@@ -72,15 +74,23 @@ class _Job:
 
 
 class SGLangEngine:
-    def __init__(self, config: SGLangConfig, *, logits_fp32: bool = False) -> None:
-        """logits_fp32: the learner computes fp32 logits (ModelConfig.logits_fp32); the server must too."""
+    def __init__(self, config: SGLangConfig, *, logits_fp32: bool = False, lora: LoraSpec | None = None,
+                 adapter_channel: JoinChannel | None = None) -> None:
+        """logits_fp32: the learner computes fp32 logits (ModelConfig.logits_fp32); the server must too.
+        lora: adapter pushes (learner.lora_push = "adapter"): this process receives each version's adapters and
+        the server applies them through its LoRA serving (lora.py); ValueError when the server cannot.
+        adapter_channel: how this process joins the weight group to receive them (lora.JoinChannel)."""
         self.config = config
         self._http = SGLangHTTP(config.base_url, config.api_key)
-        label = str(self._model_info().get("weight_version"))
+        model_info = self._model_info()
+        label = str(model_info.get("weight_version"))
         self._check_logits(logits_fp32)
         self._weights = SGLangWeightSync(self._http, config, label)
         if self._weights.recover():
             label = INCOMPLETE
+            model_info = model_info | {"weight_version": label}
+        self._lora = (SGLangAdapters(self._http, config, lora, self._server_info(), model_info, adapter_channel)
+                      if lora else None)
         self._version = version_number(label)
         self._cache_key = _cache_key(self._version)
         self._tp_size: int | None = None
@@ -184,9 +194,15 @@ class SGLangEngine:
         requests not yet sent), then the prefix cache is flushed. 'continue': requests stay in SGLang
         under `config.continue_mode` ("retract" by default: their KV is dropped and recomputed under the
         new weights, so the cache can be flushed; "in_place" keeps their old KV and cannot flush, and the
-        requests sent after the update reuse none of it: a new cache namespace, `end_weight_update`)."""
+        requests sent after the update reuse none of it: a new cache namespace, `end_weight_update`).
+        Adapter pushes change nothing in the server until new requests name the new adapter, so the server is
+        not paused then: 'continue' only holds new requests here, 'abort' aborts what runs."""
         if mode not in ("abort", "continue"):
             raise ValueError(f"pause mode {mode!r}: must be 'abort' or 'continue'")
+        if self._lora is not None:
+            with self._cond:
+                self._paused = True
+            return self.abort() if mode == "abort" else []
         if mode == "continue":
             with self._cond:
                 self._paused = True
@@ -205,7 +221,8 @@ class SGLangEngine:
         return self._take_aborted({j.request.request_id for j in in_flight}) + unsent
 
     def resume(self) -> None:
-        self._post("/continue_generation", {})
+        if self._lora is None:
+            self._post("/continue_generation", {})
         with self._cond:
             self._paused = False
             self._cond.notify_all()
@@ -229,11 +246,15 @@ class SGLangEngine:
     # ---------------------------------------------------------------- weights
 
     def begin_weight_update(self) -> None:
-        """Open SGLang's update session (ending one a dead client left open first)."""
-        self._weights.begin()
+        """Open SGLang's update session (ending one a dead client left open first); none for adapter pushes."""
+        if self._lora is None:
+            self._weights.begin()
 
     def end_weight_update(self, version: int) -> None:
-        self._weights.end(version)
+        if self._lora is not None:
+            self._lora.publish(version)  # loaded as an adapter; requests sent from now on name it
+        else:
+            self._weights.end(version)
         with self._cond:
             self._version = version
             self._cache_key = _cache_key(version)  # requests sent from now on reuse no KV of older weights
@@ -247,8 +268,9 @@ class SGLangEngine:
         )
 
     def receiving_ranks(self) -> int:
-        """How many ranks this server adds to a weight group (its TP size): world_size = 1 + this."""
-        return self._server_tp_size()
+        """How many ranks this server adds to a weight group (its TP size): world_size = 1 + this. With adapter
+        pushes this process is the one receiving rank."""
+        return 1 if self._lora is not None else self._server_tp_size()
 
     def init_weights_group(self, init: WeightGroupInit) -> None:
         """Blocks until the server's ranks and the learner's rank 0 have met. Raises SGLangGroupError
@@ -258,6 +280,10 @@ class SGLangEngine:
                 f"weight group backend {init.backend!r}: SGLang receives only by broadcast (nccl, or gloo on "
                 "CPU); a learner on the same GPU as the SGLang server is not supported, use separate GPUs"
             )
+        if self._lora is not None:
+            self._lora.join(init, self.config.weight_update_timeout_s)
+            self._group_name = init.group_name
+            return
         self._weights.init_group(
             init.master_address, init.master_port, init.rank_offset, init.world_size, init.group_name, init.backend
         )
@@ -267,11 +293,16 @@ class SGLangEngine:
         """Returns once SGLang has received this bucket's broadcast and loaded it."""
         if self._group_name is None:
             raise SGLangError("receive_bucket before init_weights_group: no weight group to receive on")
-        self._weights.receive_bucket(bucket, self._group_name)
+        if self._lora is not None:
+            self._lora.receive(bucket)
+        else:
+            self._weights.receive_bucket(bucket, self._group_name)
 
     def destroy_weights_group(self) -> None:
         name, self._group_name = self._group_name, None
-        if name is not None:
+        if self._lora is not None:
+            self._lora.leave()
+        elif name is not None:
             try:
                 self._weights.destroy_group(name)
             except SGLangError as e:  # leaving a broken group: log, the next join replaces it
@@ -302,6 +333,8 @@ class SGLangEngine:
         deadline = time.monotonic() + self.config.abort_drain_s
         for w in self._workers:
             w.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._lora is not None:
+            self._lora.close()
 
     def __enter__(self) -> Self:
         return self
@@ -320,13 +353,17 @@ class SGLangEngine:
                 job = self._waiting.popleft()
                 self._running[job.rid] = job
                 key = self._cache_key
+                lease = self._lora.acquire() if self._lora is not None else None  # the adapter of now
             outputs: list[GenerationOutput] = []
             error: SGLangError | None = None
             try:
-                outputs = self._generate(job, key)
+                outputs = self._generate(job, key, lease)
             except SGLangError as e:
                 e.add_note(f"while generating request {job.request.request_id!r}")
                 error = e
+            finally:
+                if lease is not None and self._lora is not None:
+                    self._lora.release(lease)
             with self._cond:
                 del self._running[job.rid]
                 self._finished.extend(outputs)
@@ -335,9 +372,11 @@ class SGLangEngine:
                     self._errors.append(error)
                 self._cond.notify_all()
 
-    def _generate(self, job: _Job, cache_key: str) -> list[GenerationOutput]:
+    def _generate(self, job: _Job, cache_key: str, lease: Lease | None) -> list[GenerationOutput]:
         sent = time.monotonic()
         body = with_cache_key(job.body, cache_key)
+        if lease is not None and lease.name is not None:
+            body["lora_path"] = lease.name  # SGLang's field for the adapter's *name* (one for every prompt)
         resp = self._http.call("/generate", body, timeout_s=self.config.generate_timeout_s)
         timings = {"queue": sent - job.queued_at, "http": time.monotonic() - sent}
         answer = resp.json()
@@ -345,7 +384,11 @@ class SGLangEngine:
         with self._cond:
             self._prompt_tokens += prompt_tokens
             self._cached_tokens += cached_tokens
-        return parse_outputs(job.request, answer, timings)
+        outputs = parse_outputs(job.request, answer, timings)
+        if lease is not None:  # the server's label is its base's; every token came from the request's adapter
+            for o in outputs:
+                o.versions[:] = lease.version
+        return outputs
 
     def _take_jobs(self, match: Callable[[_Job], bool]) -> tuple[list[GenerationOutput], list[_Job]]:
         """Remove matching unsent jobs (returned as empty aborted outputs); list matching running ones."""

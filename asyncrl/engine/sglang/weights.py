@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 
+from asyncrl.engine.bucket_layout import BucketLayout
 from asyncrl.engine.sglang.client import Response, SGLangError, SGLangHTTP, SGLangHTTPError, error_message
 from asyncrl.engine.sglang.config import SGLangConfig
 from asyncrl.records import WeightBucket
-from asyncrl.weights.bucket import BucketLayout
 
 log = logging.getLogger(__name__)
 
