@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 import time
 import uuid
@@ -43,7 +44,6 @@ from asyncrl import records as R
 from asyncrl.net.credentials import SECRET_FILE, Credentials
 from asyncrl.net.peer import HubError, HubPeer
 from asyncrl.reward.reference import RewardComponentRef, complete_reference, run_reward_components
-from asyncrl.run.rundir import read_run_json
 from asyncrl.task.prompt_row import parse_row
 
 PromptLike = str | list[int] | dict[str, Any] | R.Prompt
@@ -51,8 +51,8 @@ PromptLike = str | list[int] | dict[str, Any] | R.Prompt
 
 def endpoint_from_run_dir(run_dir: str | Path) -> str:
     """The replay endpoint of a run: run.json "endpoints"["replay"] (the launcher writes it before the hub starts)."""
-    run_json = Path(run_dir) / "run.json"
-    endpoint = read_run_json(run_dir).get("endpoints", {}).get("replay") if run_json.exists() else None
+    run_json = Path(run_dir) / "run.json"  # read here: the client sits below asyncrl.run, which writes it
+    endpoint = json.loads(run_json.read_text()).get("endpoints", {}).get("replay") if run_json.exists() else None
     if not endpoint:
         raise FileNotFoundError(f"{run_dir}: no run.json with endpoints.replay; is the run up?")
     return endpoint

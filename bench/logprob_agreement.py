@@ -59,7 +59,7 @@ def trained_case(args: argparse.Namespace) -> tuple[torch.nn.Module, list[list[i
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl.config.model import ModelConfig, resolve_model_path
+    from asyncrl.models.config import ModelConfig, resolve_model_path
     from asyncrl.task.arithmetic import make_problem
 
     path = resolve_model_path(ModelConfig(path=args.model))

@@ -29,7 +29,7 @@ def check_lora_targets(cfg: RunConfig) -> None:
     """learner.lora_targets name linear layers the model has (read from its config.json, no weights)."""
     if cfg.learner.lora_rank <= 0:
         return
-    from asyncrl.config.model import resolve_model_path
+    from asyncrl.models.config import resolve_model_path
     from asyncrl.learner.lora import check_targets
 
     try:

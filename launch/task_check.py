@@ -13,7 +13,7 @@ import itertools
 from pathlib import Path
 
 from asyncrl.config.loader import ConfigError
-from asyncrl.config.model import resolve_model_path
+from asyncrl.models.config import resolve_model_path
 from asyncrl.config.run import RunConfig
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from asyncrl.config.run import RunConfig
+from asyncrl.engine.torch.adapter_merge import LoraSpec
 from asyncrl.generator.build import CPU_THREADS, build_generator
 from asyncrl.net.heartbeat import fatal_to_hub
 from asyncrl.run.lifecycle import start_service
@@ -18,7 +20,8 @@ def main() -> None:
     if args.device == "cpu":
         torch.set_num_threads(CPU_THREADS)
     endpoints = started.run["endpoints"]
-    worker, closers = build_generator(cfg, args.name, args.device, endpoints, args.run_dir)
+    worker, closers = build_generator(cfg.generator, cfg.model, args.name, args.device, endpoints, args.run_dir,
+                                      group_size=cfg.batch.samples_per_prompt, lora=engine_lora(cfg))
     worker.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
     log.info("generator %s on %s serving %s", args.name, args.device, endpoints["replay"])
     try:
@@ -27,6 +30,13 @@ def main() -> None:
     finally:
         for close in closers:
             close()
+
+
+def engine_lora(cfg: RunConfig) -> LoraSpec | None:
+    """The LoRA adapters the engine applies itself when each push carries adapters only (learner.lora_push)."""
+    if cfg.resolved_lora_push != "adapter":
+        return None
+    return LoraSpec(tuple(cfg.learner.lora_targets), cfg.learner.lora_alpha / cfg.learner.lora_rank)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ python -m services.learner --run-dir DIR --name learner-0 --device cpu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch.distributed as dist
@@ -22,7 +23,11 @@ def main() -> None:
     cfg.launch.host = os.environ.get("MASTER_ADDR", cfg.launch.host)  # rank 0's weight store binds its own address
     init_distributed(args.device)
     metrics_port = url_port(run.get("metrics_endpoints", {}).get("learner", ""))
-    service = LearnerService(cfg, args.run_dir, args.name, args.device, run["endpoints"], stop, metrics_port)
+    service = LearnerService(
+        cfg.learner, cfg.model, args.run_dir, args.name, args.device, run["endpoints"], stop.is_set,
+        generator=cfg.generator, evaluation=cfg.eval, task=cfg.task, push_mode=cfg.resolved_lora_push,
+        max_uncommitted_steps=cfg.hub.max_uncommitted_steps, seed=cfg.launch.seed, host=cfg.launch.host,
+        wandb_project=cfg.launch.wandb_project, wandb_config=dataclasses.asdict(cfg), metrics_port=metrics_port)
     log.info("learner %s on %s: %d steps", args.name, args.device, cfg.learner.steps)
     try:
         with fatal_to_hub(service.hub, "learner", args.name):

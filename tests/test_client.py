@@ -13,10 +13,9 @@ import pytest
 import asyncrl
 from asyncrl import cli
 from asyncrl import records as R
-from asyncrl.config.batch import BatchConfig
 from asyncrl.net.peer import HubPeer
 from asyncrl.replay.background import BackgroundHub
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 
 pytestmark = pytest.mark.timeout(60)
 

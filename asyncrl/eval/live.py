@@ -25,8 +25,11 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from asyncrl.eval.config import EvalConfig
 from asyncrl.eval.rounds import Response, round_prompts, summarize
@@ -38,10 +41,12 @@ SUBMIT_CHUNK = 64  # prompts per SubmitPrompts frame
 
 class LiveEvaluator:
     def __init__(self, cfg: EvalConfig, heldout: list[Prompt], sampling: SamplingParams, run_dir: str | Path,
-                 client_factory: Any = None, score: Any = None) -> None:
+                 client_factory: Any = None, score: Any = None, decode: Callable[[np.ndarray], str] | None = None
+                 ) -> None:
         """`client_factory()` makes the hub client in the eval thread (default: `asyncrl.Client(run_dir=...)`);
-        `score` is the strict check (default `asyncrl.reward.strict.strict_score`)."""
-        self.score = score
+        `score` is the strict check (default `asyncrl.reward.strict.strict_score`); `decode` (token ids -> text)
+        lets a multi-turn episode be scored on its last model turn only (`final_turn`)."""
+        self.score, self.decode = score, decode
         self.cfg, self.heldout, self.sampling, self.run_dir = cfg, heldout, sampling, Path(run_dir)
         self.client_factory = client_factory or self._default_client
         self._pending: int | None = None  # the newest requested step not yet started
@@ -137,7 +142,8 @@ class LiveEvaluator:
         for h in handles:  # late samples of this round are counted as rejected by the client, not kept
             client.handles.pop(h.prompt_id, None)
         rows: list[dict[str, Any]] = []
-        record = summarize(step, prompts, [response(s) for s in got], self.cfg, self.score, greedy_rows=rows)
+        record = summarize(step, prompts, [response(s, self.decode) for s in got], self.cfg, self.score,
+                           greedy_rows=rows)
         now = time.time()
         record.update(time_s=now - self.t0, duration_s=now - start, wall_time=now)
         with open(self.run_dir / "eval_responses.jsonl", "a") as f:  # what the model answered, for reading
@@ -153,8 +159,23 @@ class LiveEvaluator:
         self._results.put(record)
 
 
-def response(scored: ScoredSample) -> Response:
+def response(scored: ScoredSample, decode: Callable[[np.ndarray], str] | None = None) -> Response:
     s = scored.sample
     versions = (int(s.versions.min()), int(s.versions.max())) if len(s.versions) else None
-    return Response(prompt_id=s.prompt_id, greedy=s.prompt_id.endswith("-g"), text=s.response_text,
+    text = s.response_text
+    if decode is not None and s.loss_mask is not None and not s.loss_mask.all():
+        text = decode(final_turn(s.response_token_ids, s.loss_mask))
+    return Response(prompt_id=s.prompt_id, greedy=s.prompt_id.endswith("-g"), text=text,
                     tokens=len(s.response_token_ids), versions=versions)
+
+
+def final_turn(token_ids: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """The model's last turn of an episode: its last run of policy tokens (mask 1) — [] when the episode ends on
+    environment tokens. The strict check reads only this, never a tool's output: the last number of the whole
+    episode could be a calculator's result the model never gave as its answer."""
+    model = np.flatnonzero(loss_mask)
+    if len(model) == 0 or model[-1] != len(loss_mask) - 1:
+        return token_ids[:0]
+    env = np.flatnonzero(loss_mask[: model[-1]] == 0)
+    start = env[-1] + 1 if len(env) else 0
+    return token_ids[start:]

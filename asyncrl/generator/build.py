@@ -1,14 +1,18 @@
-"""Assemble a generator process: engine + tokenizer + hub peer + weight receiver -> GeneratorWorker."""
+"""Assemble a generator process: engine + tokenizer + hub peer + weight receiver -> GeneratorWorker.
+
+From the generator's own config and the model's; the few values of other sections it needs (the group size,
+the LoRA adapters the engine applies) are handed in by services/generator.py, which reads the run config."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from asyncrl.config.model import resolve_model_path
-from asyncrl.config.run import RunConfig
-from asyncrl.net.credentials import Credentials
 from asyncrl.engine.protocol import Engine
+from asyncrl.engine.torch.adapter_merge import LoraSpec
+from asyncrl.generator.config import GeneratorConfig
+from asyncrl.models.config import ModelConfig, resolve_model_path
+from asyncrl.net.credentials import Credentials
 from asyncrl.generator.worker import GeneratorWorker
 from asyncrl.rollout.config import RolloutConfig
 from asyncrl.rollout.environment import load_environment
@@ -26,45 +30,49 @@ shares the cores). Deterministic mode's learner-side engine scores with the same
 reductions depend on it."""
 
 
-def build_engine(cfg: RunConfig, device: str, model_path: str) -> Engine:
-    if cfg.generator.engine == "sglang":
+def build_engine(gen: GeneratorConfig, model: ModelConfig, device: str, model_path: str,
+                 lora: LoraSpec | None = None) -> Engine:
+    """`lora`: the adapters the torch engine applies itself (adapter_merge.py; None: every push is whole weights)."""
+    if gen.engine == "sglang":
         from asyncrl.engine.sglang.engine import SGLangEngine
 
-        return SGLangEngine(cfg.generator.sglang, logits_fp32=cfg.model.logits_fp32)
-    from asyncrl.engine.torch.adapter_merge import LoraSpec
+        from asyncrl.weights.transport import join_as_receiver
+
+        return SGLangEngine(gen.sglang, logits_fp32=model.logits_fp32, lora=lora,  # adapters: sglang/lora.py
+                            adapter_channel=join_as_receiver)
     from asyncrl.engine.torch.engine import TorchEngine
 
-    gen, kv, ln = cfg.generator, cfg.generator.kv_cache_tokens, cfg.learner
-    adapters = cfg.resolved_lora_push == "adapter"  # the engine applies LoRA adapters itself (adapter_merge.py)
-    lora = LoraSpec(tuple(ln.lora_targets), ln.lora_alpha / ln.lora_rank) if adapters else None
-    return TorchEngine(model_path, device=device, dtype=cfg.model.dtype, max_running=gen.max_running,
+    kv = gen.kv_cache_tokens
+    return TorchEngine(model_path, device=device, dtype=model.dtype, max_running=gen.max_running,
                        num_kv_blocks=-(-kv // KV_BLOCK_SIZE) if kv else None, kv_block_size=KV_BLOCK_SIZE,
                        seed=gen.seed, deterministic=gen.deterministic,
                        prefix_cache=gen.prefix_cache and not gen.deterministic,
-                       residual_fp32=cfg.model.residual_fp32, logits_fp32=cfg.model.logits_fp32, lora=lora)
+                       residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32, lora=lora)
 
 
 KV_BLOCK_SIZE = 16  # tokens per KV block of the torch engine
 
 
 def build_generator(
-    cfg: RunConfig, name: str, device: str, endpoints: dict[str, str], run_dir: str | Path
+    gen: GeneratorConfig, model: ModelConfig, name: str, device: str, endpoints: dict[str, str], run_dir: str | Path,
+    *, group_size: int, lora: LoraSpec | None = None,
 ) -> tuple[GeneratorWorker, list[Callable[[], None]]]:
+    """`group_size`: samples per prompt (batch.samples_per_prompt); `lora`: as build_engine's."""
     from transformers import AutoTokenizer
 
-    model_path = resolve_model_path(cfg.model)
-    engine = build_engine(cfg, device, model_path)
+    model_path = resolve_model_path(model)
+    engine = build_engine(gen, model, device, model_path, lora)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     hub = HubPeer(endpoints["replay"], name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     weights = WeightReceiver(endpoints["weights"], name, device, engine, credentials=Credentials.from_env())
     timeline = Timeline(run_dir, name)
-    rollout = build_rollout(cfg.generator.rollout, tokenizer, engine.limits().vocab_size)
+    rollout = build_rollout(gen.rollout, tokenizer, engine.limits().vocab_size)
     worker = GeneratorWorker(
         name=name, engine=engine, hub=hub, tokenizer=tokenizer,
-        max_running=cfg.generator.rollout.max_episodes or cfg.generator.max_running,  # samples held at once
-        weights=weights, seed=cfg.generator.seed,
-        heartbeat_s=cfg.generator.heartbeat_s, timeline=timeline,
-        group_size=cfg.batch.samples_per_prompt, rollout=rollout,
+        max_running=gen.rollout.max_episodes or gen.max_running,  # samples held at once
+        weights=weights, seed=gen.seed,
+        heartbeat_s=gen.heartbeat_s, timeline=timeline,
+        group_size=group_size, rollout=rollout,
     )
     return worker, [timeline.close, weights.close, hub.close, rollout.close, engine.close]
 

@@ -54,7 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from asyncrl.run.durable import PacedFile, fsync_dir, write_synced
+from asyncrl.durable import PacedFile, fsync_dir, write_synced
 from asyncrl.learner import fsdp
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")

@@ -24,13 +24,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,22 +38,25 @@ import torch
 import torch.distributed as dist
 
 from asyncrl import records as R
-from asyncrl.config.model import resolve_model_path
-from asyncrl.net.credentials import RunSecret
+from asyncrl.eval.config import EvalConfig
 from asyncrl.eval.live import LiveEvaluator
-from asyncrl.config.run import RunConfig
+from asyncrl.generator.config import GeneratorConfig
+from asyncrl.models.config import ModelConfig, resolve_model_path
+from asyncrl.net.credentials import RunSecret
 from asyncrl.net.heartbeat import Heartbeats
 from asyncrl.learner import fsdp, lora
 from asyncrl.learner.checkpoint import latest_checkpoint
+from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.rescorer import Rescorer
 from asyncrl.learner.trainer import Trainer
-from asyncrl.run.lifecycle import StopFlag
 from asyncrl.observe.metrics import MetricsWriter
 from asyncrl.net.nccl_env import set_nccl_defaults
 from asyncrl.net.tcp_store import bound_store, client_store
 from asyncrl.net.peer import HubError, HubPeer
+from asyncrl.rollout.config import RolloutConfig
 from asyncrl.rollout.metrics import episode_metrics
 from asyncrl.task import task_sampling
+from asyncrl.task.config import TaskConfig
 from asyncrl.observe.timeline import Timeline
 from asyncrl.weights.bucket import drain
 from asyncrl.weights.sender import WeightSender
@@ -79,45 +81,67 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> None:
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
 
 
-def build_evaluator(cfg: RunConfig, run_dir: Path, model_path: str) -> LiveEvaluator | None:
+def build_evaluator(evaluation: EvalConfig, task: TaskConfig, rollout: RolloutConfig, run_dir: Path,
+                    model_path: str) -> LiveEvaluator | None:
     """Held-out evaluation through the generators (eval.every > 0): the task's held-out prompts, which the
     feeder leaves out of training."""
-    if not cfg.eval.enabled:
+    if not evaluation.enabled:
         return None
     from asyncrl.task.heldout import heldout_prompts
 
-    heldout = heldout_prompts(cfg.task, cfg.eval.prompts, model_path if cfg.task.chat_template else None)
-    return LiveEvaluator(cfg.eval, heldout, task_sampling(cfg.task), run_dir)
+    heldout = heldout_prompts(task, evaluation.prompts, model_path if task.chat_template else None)
+    return LiveEvaluator(evaluation, heldout, task_sampling(task), run_dir,
+                         decode=final_turn_decoder(rollout, model_path))
 
 
-def build_rescorer(cfg: RunConfig, model_path: str, device: str) -> Rescorer | None:
+def final_turn_decoder(rollout: RolloutConfig, model_path: str) -> Callable[[np.ndarray], str] | None:
+    """Multi-turn runs: the tokenizer that turns an episode's last model turn into the text the strict check reads."""
+    if not rollout.multi_turn:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def build_rescorer(cfg: LearnerConfig, model: ModelConfig, generator: GeneratorConfig, model_path: str,
+                   device: str) -> Rescorer | None:
     """Deterministic mode (generator.deterministic): an engine like the generators' for the proximal logprobs."""
-    if not cfg.generator.deterministic or cfg.learner.off_policy == "none":
+    if not generator.deterministic or cfg.off_policy == "none":
         return None
     positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096)
-    return Rescorer(model_path, device=torch.device(device), dtype=cfg.model.dtype,
-                    max_running=cfg.generator.max_running, max_tokens=min(int(positions), 4096),
-                    residual_fp32=cfg.model.residual_fp32, logits_fp32=cfg.model.logits_fp32)
+    return Rescorer(model_path, device=torch.device(device), dtype=model.dtype,
+                    max_running=generator.max_running, max_tokens=min(int(positions), 4096),
+                    residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32)
 
 
 class LearnerService:
-    def __init__(self, cfg: RunConfig, run_dir: str | Path, name: str, device: str,
-                 endpoints: dict[str, str], stop: StopFlag, metrics_port: int | None = None) -> None:
-        """`metrics_port`: rank 0 serves Prometheus gauges there (run.json's metrics_endpoints; None: off)."""
-        self.cfg, self.run_dir, self.name, self.stop = cfg, Path(run_dir), name, stop
-        model_path = resolve_model_path(cfg.model)
-        self.trainer = Trainer(cfg.learner, model_path, dtype=cfg.model.dtype, device=device, seed=cfg.launch.seed,
-                               rescorer=build_rescorer(cfg, model_path, device), residual_fp32=cfg.model.residual_fp32,
-                               logits_fp32=cfg.model.logits_fp32)
+    def __init__(self, cfg: LearnerConfig, model: ModelConfig, run_dir: str | Path, name: str, device: str,
+                 endpoints: dict[str, str], stopping: Callable[[], bool], *, generator: GeneratorConfig,
+                 evaluation: EvalConfig, task: TaskConfig, push_mode: str, max_uncommitted_steps: int, seed: int,
+                 host: str, wandb_project: str = "", wandb_config: dict[str, Any] | None = None,
+                 metrics_port: int | None = None) -> None:
+        """The learner's own config and the model's; of the other sections only what it reads, handed in by
+        services/learner.py: the generators' (the rescorer's engine, the push's pause mode, the rollout the
+        evaluation decodes), the evaluation and its task, `push_mode` (RunConfig.resolved_lora_push: "full",
+        "adapter" or "merged"), the hub's commit window, the seed, the address rank 0's weight store binds,
+        W&B's project and the config it logs. `stopping()`: the service was asked to stop. `metrics_port`:
+        rank 0 serves Prometheus gauges there (run.json's metrics_endpoints; None: off)."""
+        self.cfg, self.run_dir, self.name, self.stopping = cfg, Path(run_dir), name, stopping
+        self.evaluation, self.max_uncommitted_steps = evaluation, max_uncommitted_steps
+        model_path = resolve_model_path(model)
+        self.trainer = Trainer(cfg, model_path, dtype=model.dtype, device=device, seed=seed,
+                               rescorer=build_rescorer(cfg, model, generator, model_path, device),
+                               residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32)
         self.rank = self.trainer.dist.rank
         self.hub = HubPeer(endpoints["replay"], name, timeout_s=15.0)
-        self.hub.give_up = stop.is_set  # stopping: do not wait for a hub that may be gone for good
+        self.hub.give_up = stopping  # stopping: do not wait for a hub that may be gone for good
         self.beats = Heartbeats("learner", name)
-        self.push_mode = cfg.resolved_lora_push  # "full" (no LoRA), "adapter" or "merged"
+        self.push_mode = push_mode  # "full" (no LoRA), "adapter" or "merged"
         self.sender = WeightSender(endpoints["weights"], device=device,
-                                   bucket_bytes=cfg.learner.weight_bucket_mb << 20,
-                                   pause_mode=cfg.generator.inflight_update,
-                                   master_address=cfg.launch.host,
+                                   bucket_bytes=cfg.weight_bucket_mb << 20,
+                                   pause_mode=generator.inflight_update,
+                                   master_address=host,
                                    secret=RunSecret.load(self.run_dir),
                                    # the compute dtype the weights are used in (fp32 masters would double the bytes);
                                    # adapter pushes send what the learner holds: the base already is in it, and
@@ -125,11 +149,12 @@ class LearnerService:
                                    dtype=None if self.push_mode == "adapter" else self.trainer.dtype,
                                    ) if self.rank == 0 else None
         if self.sender is not None:
-            self.sender.give_up = stop.is_set  # nor for generators that died with the launcher
-        self.metrics = MetricsWriter(self.run_dir, metrics_port, cfg.launch.wandb_project,
-                                     wandb_config=dataclasses.asdict(cfg)) if self.rank == 0 else None
+            self.sender.give_up = stopping  # nor for generators that died with the launcher
+        self.metrics = MetricsWriter(self.run_dir, metrics_port, wandb_project,
+                                     wandb_config=wandb_config) if self.rank == 0 else None
         self.timeline = Timeline(self.run_dir, name)
-        self.evaluator = build_evaluator(cfg, self.run_dir, model_path) if self.rank == 0 else None
+        self.evaluator = (build_evaluator(evaluation, task, generator.rollout, self.run_dir, model_path)
+                          if self.rank == 0 else None)
         self.eval_pending: list[dict[str, Any]] = []  # finished evaluations not yet in a metrics line
         self.tokens_trained = 0
         self.checkpointed_step = 0
@@ -152,17 +177,17 @@ class LearnerService:
 
     @property
     def finished(self) -> bool:
-        return self.trainer.step >= self.cfg.learner.steps or self.timed_out
+        return self.trainer.step >= self.cfg.steps or self.timed_out
 
     def _loop(self) -> None:
-        steps = self.cfg.learner.steps
+        steps = self.cfg.steps
         while not self.finished:
             step = self.trainer.step + 1
             self._keep_commit_window(step)
             batch = self._wait_batch(step)
             if batch is None:  # asked to stop while waiting
                 break
-            if self.stop.is_set():
+            if self.stopping():
                 log.info("stop requested: finishing step %d, then checkpointing", step)
             metrics = self._train(batch)
             if not self.reserved:
@@ -171,7 +196,7 @@ class LearnerService:
                 self.reserved = True
             push = self._push()
             last = step >= steps or self._out_of_time()
-            if last or step % self.cfg.learner.checkpoint_every == 0:
+            if last or step % self.cfg.checkpoint_every == 0:
                 self._checkpoint(background=not last)
             self._commit_written()
             self._evaluate(step, last)
@@ -215,7 +240,7 @@ class LearnerService:
     def _wait_batch(self, step: int) -> R.Batch | None:
         batch: R.Batch | None = None
         while True:
-            if self._any(self.stop.is_set()):
+            if self._any(self.stopping()):
                 return None
             self._heartbeat()
             self._serve_joins()
@@ -294,7 +319,7 @@ class LearnerService:
         """The hub hands out at most hub.max_uncommitted_steps batches past the last commit: before asking
         for one more, let the checkpoint in flight finish (the only place the learner waits for the disk).
         Rank 0 owns the writer and the commits; one small collective makes every rank decide alike."""
-        full = step - 1 - self.committed_step >= self.cfg.hub.max_uncommitted_steps - 1
+        full = step - 1 - self.committed_step >= self.max_uncommitted_steps - 1
         if self._any(self.rank == 0 and full and self.trainer.checkpoints.busy):
             log.info("step %d: waiting for the checkpoint write (hub commit window)", step)
             with self.timeline.span("checkpoint_wait"):
@@ -310,7 +335,7 @@ class LearnerService:
 
     def _out_of_time(self) -> bool:
         """learner.time_limit_s spent (decided on every rank alike: the ranks' clocks may straddle the limit)."""
-        limit = self.cfg.learner.time_limit_s
+        limit = self.cfg.time_limit_s
         if limit <= 0:
             return False
         over = time.time() - self.t0 >= limit
@@ -324,11 +349,11 @@ class LearnerService:
         is waited for, so the run's final line and summary hold it."""
         if self.evaluator is None:
             return
-        if last or step % self.cfg.eval.every == 0:
+        if last or step % self.evaluation.every == 0:
             self.evaluator.request(step)
         if last:
             with self.timeline.span("eval_final"):
-                self.eval_pending += self.evaluator.wait(self.cfg.eval.timeout_s)
+                self.eval_pending += self.evaluator.wait(self.evaluation.timeout_s)
         else:
             self.eval_pending += self.evaluator.results()
 

@@ -13,8 +13,7 @@ import asyncio
 import threading
 from pathlib import Path
 
-from asyncrl.config.batch import BatchConfig
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.hub import Hub
 
 

@@ -22,8 +22,7 @@ from typing import Any
 
 from asyncrl import records as R
 from asyncrl import wire
-from asyncrl.config.batch import BatchConfig
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.peers import PeerTable
 from asyncrl.replay.roles import Caller, refusal

@@ -46,10 +46,9 @@ import zmq.asyncio
 from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.net import endpoints
-from asyncrl.config.batch import BatchConfig
 from asyncrl.net.credentials import is_local
 from asyncrl.observe.prometheus import PrometheusExporter, Sample
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.roles import Caller

@@ -23,7 +23,7 @@ from itertools import islice
 from pathlib import Path
 
 from asyncrl.replay.log import LogCorrupt, iter_sealed
-from asyncrl.run.durable import fsync_dir
+from asyncrl.durable import fsync_dir
 
 log = logging.getLogger("asyncrl.replay")
 

@@ -31,7 +31,7 @@ import msgpack
 
 from asyncrl import records as R
 from asyncrl import wire
-from asyncrl.run.durable import fsync_dir
+from asyncrl.durable import fsync_dir
 from asyncrl.replay.counts import SampleCounts
 from asyncrl.replay.groups import GroupEntry, Phase
 from asyncrl.replay.journal_format import decode_record, encode_record

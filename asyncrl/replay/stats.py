@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Any, Protocol
 
-from asyncrl.config.batch import BatchConfig
 from asyncrl.observe.prometheus import Sample
 from asyncrl.records import SampleState
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.peers import PeerTable
 from asyncrl.replay.state import HubState

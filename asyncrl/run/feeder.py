@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from asyncrl import records as R
-from asyncrl.config.model import resolve_model_path
+from asyncrl.models.config import resolve_model_path
 from asyncrl.config.run import RunConfig
 from asyncrl.net.peer import HubError, HubPeer
 from asyncrl.run.rundir import write_json

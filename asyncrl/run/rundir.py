@@ -25,7 +25,7 @@ from typing import Any
 
 from asyncrl.config.loader import from_dict, to_dict
 from asyncrl.config.run import RunConfig
-from asyncrl.run.durable import write_json_atomic
+from asyncrl.durable import write_json_atomic
 
 
 class RunDirError(ValueError):
@@ -36,7 +36,7 @@ class RunDirError(ValueError):
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomic: temporary name, fsync, rename (asyncrl.run.durable)."""
+    """Atomic: temporary name, fsync, rename (asyncrl.durable)."""
     write_json_atomic(Path(path), data)
 
 

@@ -1,6 +1,7 @@
 """Weight push from the learner to the generators: one implementation for every engine.
 
-    bucket.py     (name, tensor) stream <-> flat one-dtype buckets + layout (validated before any transfer)
+    bucket.py     (name, tensor) stream <-> flat one-dtype buckets + layout (asyncrl.engine.bucket_layout: the
+                  format an engine that receives buckets itself checks too; validated before any transfer)
     group.py      standalone per-generator process group from a TCP rendezvous (gloo / NCCL)
     transport.py  WeightTransport Protocol (the data path) + BroadcastTransport; DirectReceiver hook
     cuda_ipc.py   IpcTransport: same-GPU generators read the learner's buffer by CUDA IPC
@@ -12,7 +13,8 @@
     receiver.py   WeightReceiver (generator): poll() runs pause -> begin -> post/load buckets -> end -> resume
 """
 
-from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, flatten, iter_buckets, unflatten
+from asyncrl.engine.bucket_layout import BucketLayout, unflatten
+from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, drain, flatten, iter_buckets
 from asyncrl.weights.receiver import UpdateResult, WeightReceiver
 from asyncrl.weights.sender import PushReport, WeightSender
 from asyncrl.weights.transport import DirectReceiver, WeightTransport

@@ -43,9 +43,9 @@ import zmq
 
 from asyncrl import wire
 from asyncrl.net.credentials import Credentials
+from asyncrl.engine.bucket_layout import BucketLayout, unflatten
 from asyncrl.engine.protocol import Engine, GenerationOutput
 from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGroupInit, WeightJoin
-from asyncrl.weights.bucket import BucketLayout, unflatten
 from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
 from asyncrl.weights.group import WeightGroup, connect_store
 from asyncrl.weights.inbox import Rejections, bound_socket, read_message

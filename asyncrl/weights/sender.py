@@ -48,9 +48,10 @@ import zmq
 
 from asyncrl import wire
 
+from asyncrl.engine.bucket_layout import BucketLayout
 from asyncrl.net import endpoints
 from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightJoin
-from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, BucketLayout, drain, iter_buckets
+from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, drain, iter_buckets
 from asyncrl.weights.cuda_ipc import gpu_uuid
 from asyncrl.weights.inbox import Rejections, bound_socket, read_message
 from asyncrl.weights.link import start_link

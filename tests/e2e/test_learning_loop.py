@@ -16,8 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from asyncrl.config.model import resolve_model_path
-from asyncrl.config.model import ModelConfig
+from asyncrl.models.config import ModelConfig, resolve_model_path
 from e2e_helpers import metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -16,7 +16,7 @@ from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.engine.sglang.client import SGLangHTTP, SGLangHTTPError
 from asyncrl.engine.sglang.weights import SGLangGroupError
 from asyncrl.records import FinishReason, SamplingParams, WeightBucket, WeightGroupInit
-from asyncrl.weights.bucket import dtype_name
+from asyncrl.engine.bucket_layout import dtype_name
 from tests.doubles.process_group import join_group, leave_group
 from tests.doubles.sglang_double import SGLangDouble
 from tests.doubles.sglang_testing import collect, free_port, wait_until

@@ -11,13 +11,12 @@ import pytest
 
 from asyncrl import records as R
 from asyncrl.client import Client
-from asyncrl.config.batch import BatchConfig
 from asyncrl.eval.config import EvalConfig
 from asyncrl.eval.live import LiveEvaluator
 from asyncrl.eval.rounds import Response, round_prompts, summarize
 from asyncrl.net.peer import HubPeer
 from asyncrl.replay.background import BackgroundHub
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 
 pytestmark = pytest.mark.timeout(60)
 

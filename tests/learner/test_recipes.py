@@ -52,7 +52,7 @@ def test_invalid_settings_name_the_field(kw, field):
 
 def test_a_group_filter_needs_groups_of_several_samples():
     from asyncrl.config.run import RunConfig
-    from asyncrl.config.batch import BatchConfig
+    from asyncrl.replay.config import BatchConfig
 
     with pytest.raises(ValueError, match="samples_per_prompt"):
         RunConfig(learner=LearnerConfig(algorithm="dapo"), batch=BatchConfig(samples_per_prompt=1))

@@ -7,12 +7,13 @@ import pytest
 
 from asyncrl.config.loader import from_dict
 from asyncrl.config.run import RunConfig
+from asyncrl.learner.config import LearnerConfig
 from asyncrl.learner.service import LearnerService
 
 
 def service(limit: float, elapsed: float, step: int = 5, steps: int = 100) -> LearnerService:
     svc = object.__new__(LearnerService)  # only the clock and the step counter matter here
-    svc.cfg = from_dict(RunConfig, {"learner": {"time_limit_s": limit, "steps": steps}})
+    svc.cfg = LearnerConfig(time_limit_s=limit, steps=steps)
     svc.trainer = SimpleNamespace(step=step, dist=SimpleNamespace(world_size=1, rank=0))
     svc.t0, svc.timed_out = time.time() - elapsed, False
     return svc

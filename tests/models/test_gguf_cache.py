@@ -19,7 +19,7 @@ from tiny_gguf import CHAT_TEMPLATE, EOS, write_tiny_gguf  # noqa: E402
 
 import asyncrl.models.gguf as gguf_cache  # noqa: E402
 from asyncrl.config.loader import ConfigError  # noqa: E402
-from asyncrl.config.model import ModelConfig, resolve_model_path  # noqa: E402
+from asyncrl.models.config import ModelConfig, resolve_model_path  # noqa: E402
 from launch.preflight import check_model  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncrl.precision import dtypes
-from asyncrl.config.model import ModelConfig
+from asyncrl.models.config import ModelConfig
 
 
 def test_config_names_are_the_table():

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config.batch import BatchConfig
 from asyncrl.replay.background import BackgroundHub
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 
 
 @pytest.fixture

@@ -7,9 +7,8 @@ import pytest
 from replay_fakes import generate_all, ok, prompt, score_all
 
 from asyncrl import records as R
-from asyncrl.config.batch import BatchConfig
 from asyncrl.records import SampleState as S
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.state import HubState

@@ -101,8 +101,7 @@ def test_a_flood_of_random_frames_costs_bounded_memory_and_the_hub_keeps_serving
 def test_queued_frames_per_connection_are_bounded_by_socket_options():
     """What a flood can park in the hub's receive queue is RCVHWM frames of at most MAXMSGSIZE bytes per
     connection. At 4d2de4a that was 100,000 x 128 MB (the 22 GB OOM); now it is a few frames."""
-    from asyncrl.config.batch import BatchConfig
-    from asyncrl.replay.config import HubConfig
+    from asyncrl.replay.config import BatchConfig, HubConfig
     from asyncrl.replay.hub import RECV_BUDGET_BYTES, Hub
 
     cfg = HubConfig()

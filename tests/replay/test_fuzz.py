@@ -12,9 +12,8 @@ from replay_fakes import prompt, sample
 
 from asyncrl import records as R
 from asyncrl import wire
-from asyncrl.config.batch import BatchConfig
 from asyncrl.net.peer import HubPeer
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 
 pytestmark = pytest.mark.timeout(60)
 

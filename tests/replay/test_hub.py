@@ -9,9 +9,8 @@ import pytest
 from replay_fakes import prompt, sample
 
 from asyncrl import records as R
-from asyncrl.config.batch import BatchConfig
 from asyncrl.net.peer import HubError, HubPeer
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 
 pytestmark = pytest.mark.timeout(60)
 

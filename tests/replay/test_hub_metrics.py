@@ -9,10 +9,9 @@ import zmq
 from replay_fakes import prompt
 
 from asyncrl import records as R
-from asyncrl.config.batch import BatchConfig
 from asyncrl.net.peer import HubPeer
 from asyncrl.replay.background import BackgroundHub
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from tests.doubles.scraper import scrape
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,8 +12,7 @@ from replay_fakes import prompt, sample
 
 from asyncrl import records as R
 from asyncrl import wire
-from asyncrl.config.batch import BatchConfig
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.journal import Journal
 

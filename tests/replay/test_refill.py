@@ -7,9 +7,8 @@ from replay_fakes import arrive, bad, fingerprint, ok, packed, prompt, sample
 
 from asyncrl import records as R
 from asyncrl import wire
-from asyncrl.config.batch import BatchConfig
 from asyncrl.records import SampleState as S
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.state import HubState

@@ -12,11 +12,10 @@ import pytest
 import zmq
 
 from asyncrl import records as R
-from asyncrl.config.batch import BatchConfig
 from asyncrl.net.credentials import Credentials, RunSecret, is_local, server_pair
 from asyncrl.net.peer import HubError, HubPeer
 from asyncrl.replay.background import BackgroundHub
-from asyncrl.replay.config import HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.hub import Hub
 from asyncrl.net.zap import ZapHandler
 

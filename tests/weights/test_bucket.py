@@ -2,7 +2,9 @@ import pytest
 import torch
 from weights_procs import same_bits, tiny_state_dict
 
-from asyncrl.weights.bucket import BucketLayout, drain, flatten, iter_buckets, parse_dtype, unflatten
+from asyncrl.engine.bucket_layout import BucketLayout, parse_dtype
+from asyncrl.engine.bucket_layout import unflatten
+from asyncrl.weights.bucket import drain, flatten, iter_buckets
 
 
 def test_round_trip_is_bit_exact_in_several_one_dtype_buckets():

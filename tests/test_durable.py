@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from asyncrl.run.durable import PacedFile
+from asyncrl.durable import PacedFile
 
 
 def test_syncs_every_chunk_and_fsyncs_at_close(tmp_path, monkeypatch):
