@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 
 SCHEMA_VERSION = 1
+# A group whose rewards spread by no more than this has no signal: every advantage is zero (the learner's group
+# filter and the hub's refill both use it).
+SIGNAL_SPREAD = 1e-8
 
 
 class SampleState(enum.StrEnum):

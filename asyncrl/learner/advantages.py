@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from asyncrl.learner.algorithms import RECIPES, SIGNAL_SPREAD, recipe
+from asyncrl.learner.algorithms import RECIPES, recipe
+from asyncrl.records import SIGNAL_SPREAD
 
 ReduceFn = Callable[[Tensor], Tensor]
 EPS = 1e-6

@@ -5,7 +5,7 @@ loss, groups of equal accuracy dropped (and refilled by the hub), and a soft ove
 fifth of max_new_tokens. Every `"auto"` setting of `LearnerConfig` resolves to its algorithm's recipe
 (`LearnerConfig.resolved_*`); a setting given explicitly wins. The loop reads the recipe, never the name:
 prepare.py (outcome advantages, shaping, the group filter), trainer.py (token-level advantages, the value
-head), losses.py (ratio level, clip range) and the replay hub (refill, `SIGNAL_SPREAD`).
+head), losses.py (ratio level, clip range) and the replay hub (refill, `records.SIGNAL_SPREAD`).
 
 Adding an algorithm is one entry in `RECIPES` (and, for a new estimator, one function in advantages.py
 that `Recipe.advantage` names); docs/algorithms.md shows an example. This module stays free of torch:
@@ -17,9 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Literal
-
-# A group whose rewards spread by no more than this has no signal (the group filter; the hub's refill uses the same).
-SIGNAL_SPREAD = 1e-8
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -18,8 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from asyncrl.learner.algorithms import SIGNAL_SPREAD
-from asyncrl.records import Prompt, SampleState, ScoredSample
+from asyncrl.records import SIGNAL_SPREAD, Prompt, SampleState, ScoredSample
 from asyncrl.wire import PackedSample
 
 NEVER_STALE = 1 << 62  # min version of an empty response: nothing in it can be stale
