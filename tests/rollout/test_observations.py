@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from rollout_fakes import byte_tokenizer
 
 from asyncrl.rollout.chat import ObservationEncoder, ObservationError
 from asyncrl.rollout.environment import Observation
@@ -20,12 +19,7 @@ CHATML = (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", chat_template=CHATML)
+    return byte_tokenizer(CHATML)
 
 
 def test_message_after_a_stopped_turn_is_the_templates_own_next_turn(tokenizer):

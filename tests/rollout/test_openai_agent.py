@@ -10,8 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from rollout_fakes import byte_tokenizer
 
 from asyncrl import records as R
 from asyncrl.engine.protocol import EngineLimits, EngineStats, GenerationOutput
@@ -43,12 +42,7 @@ FINAL = "It is 10."
 
 @pytest.fixture(scope="module")
 def tok():
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    t = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    t.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|im_end|>", chat_template=QWENISH)
+    return byte_tokenizer(QWENISH)
 
 
 class ScriptedEngine:
