@@ -121,7 +121,7 @@ class Client:
         returns one Handle per prompt. `target` is the reference answer of every prompt given here (a dict's
         own "target" wins); prompts without one are refused (ValueError) when the run's reward needs one it
         cannot compute itself. `evaluate`: held-out evaluation prompts, generated and scored at the current
-        weights but never trained on nor counted in the run's accounting (asyncrl.eval)."""
+        weights but never trained on nor counted in the run's accounting (asyncrl.evaluation)."""
         items = [prompts] if isinstance(prompts, (str, dict, R.Prompt)) else list(prompts)
         if items and isinstance(items[0], int):  # one prompt given as a list of token ids
             items = [items]

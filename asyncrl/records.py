@@ -197,7 +197,7 @@ class SubmitPrompts:
     prompts: list[Prompt]
     watch: bool = False  # stream this client's scored samples back to it
     # Held-out evaluation (needs watch): generated and scored like any prompt, pushed to the watcher, then
-    # forgotten; never batched or trained, outside the run's accounting and admission (asyncrl.eval).
+    # forgotten; never batched or trained, outside the run's accounting and admission (asyncrl.evaluation).
     evaluate: bool = False
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from asyncrl.config.launch import LaunchConfig
 from asyncrl.config.loader import load
-from asyncrl.eval.config import EvalConfig
+from asyncrl.evaluation.config import EvalConfig
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.learner.config import LearnerConfig
 from asyncrl.models.config import ModelConfig

@@ -1,6 +1,2 @@
-"""Held-out evaluation: during training through the live generators (`LiveEvaluator`), or on its own for a
-checkpoint or export (`python -m asyncrl.eval`)."""
-
-from asyncrl.eval.config import EvalConfig
-
-__all__ = ["EvalConfig"]
+"""`python -m asyncrl.eval`: the command that evaluates a model folder on its own. A program, like services/: it
+reads a run's whole TOML; the evaluation itself is the library `asyncrl.evaluation`."""

@@ -1,5 +1,5 @@
 """Evaluate a model folder on its own (no run): the built-in torch engine answers the task's held-out prompts
-and `asyncrl.eval.rounds` scores them strictly, as the live evaluation does during training.
+and `asyncrl.evaluation.rounds` scores them strictly, as the live evaluation does during training.
 
     python -m asyncrl.eval MODEL [CONFIG.toml] [--set task.key=value ...] [--prompts N] [--k K] [--device cpu]
 
@@ -8,7 +8,7 @@ dtype come from CONFIG (the run's TOML) and `--set`, so the held-out prompts are
 trained on. One JSON line on stdout (the same record as eval.jsonl); progress on stderr.
 
 This program is an entry point, like services/: it reads a run's whole TOML (checked as the launcher checks
-it) and hands `asyncrl.eval.offline.evaluate` the sections it needs.
+it) and hands `asyncrl.evaluation.offline.evaluate` the sections it needs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 
 from asyncrl.config.loader import ConfigError
 from asyncrl.config.run import RunConfig, load_run_config
-from asyncrl.eval.offline import evaluate
+from asyncrl.evaluation.offline import evaluate
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """Config of the learner (read by `asyncrl.learner`).
 
-Batch units are defined once in `asyncrl.config.batch`; here only how one batch is trained. Values that
+Batch units are defined once in `asyncrl.replay.config.BatchConfig`; here only how one batch is trained. Values that
 the batch itself carries are not knobs: the sampling temperature (per prompt, `Prompt.sampling`) and the
 maximum response length (`sampling.max_new_tokens`, used by Dr.GRPO's constant normaliser and by the
 overlong penalty) come from the records. What an algorithm is, and so what each `"auto"` setting resolves

@@ -16,7 +16,7 @@
   (re)joining generator gets the base and the adapters (lora.base_push) from serve_joins. "merged" (SGLang):
   every push is the whole merged model (Trainer.named_full_tensors).
 * Held-out evaluation (eval.every > 0, rank 0): asked for after the weights of step 0, every N-th and the last
-  step are pushed; it runs on its own thread through the generators (asyncrl.eval.live) and its records join
+  step are pushed; it runs on its own thread through the generators (asyncrl.evaluation.live) and its records join
   the next metrics line; only the last one is waited for (at most eval.timeout_s).
 * Every rank heartbeats the hub (asyncrl.net.heartbeat) while it waits for a batch; a crash is reported as a
   FatalError (services/learner.py), which turns on the hub's shutdown flag for the other services.
@@ -38,8 +38,8 @@ import torch
 import torch.distributed as dist
 
 from asyncrl import records as R
-from asyncrl.eval.config import EvalConfig
-from asyncrl.eval.live import LiveEvaluator
+from asyncrl.evaluation.config import EvalConfig
+from asyncrl.evaluation.live import LiveEvaluator
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.models.config import ModelConfig, resolve_model_path
 from asyncrl.net.credentials import RunSecret

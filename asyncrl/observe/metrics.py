@@ -50,7 +50,7 @@ class MetricsWriter:
             self.wandb.log(step, dict(_flatten(metrics)))  # W&B steps only grow: an evaluation at the step it arrives
 
     def write_eval(self, record: dict[str, Any]) -> None:
-        """A held-out evaluation (asyncrl.eval): TensorBoard at the step it evaluated, and its numbers as eval_*
+        """A held-out evaluation (asyncrl.evaluation): TensorBoard at the step it evaluated, and its numbers as eval_*
         Prometheus gauges from the next `write` on (the record itself is in eval.jsonl)."""
         numbers = {k: v for k, v in record.items() if k not in ("step", "versions", "check")}
         self.last_eval = dict(_flatten(numbers))

@@ -21,7 +21,7 @@ leased, scored and trained like the run's own, but their failed samples count as
 failed groups and prompts as the events ``client_groups_failed`` / ``client_prompts_failed``, never as the
 run's failures (see `asyncrl.replay.counts`).
 
-Evaluation prompts (`submit(..., evaluate=True)`: held-out prompts of `asyncrl.eval`) wait in their own
+Evaluation prompts (`submit(..., evaluate=True)`: held-out prompts of `asyncrl.evaluation`) wait in their own
 `eval_queue`, which every lease drains first and which admission does not gate (an evaluation must not wait
 for training to make room, nor take training's room); they are generated and scored like any prompt, and a
 complete evaluation group is forgotten at once (its watcher got every sample): never READY, never in a

@@ -1,5 +1,5 @@
 """The strict held-out check: did the response's final answer get the problem right? Synchronous and
-deterministic, for evaluation (asyncrl.eval), never gameable by restating the problem.
+deterministic, for evaluation (asyncrl.evaluation), never gameable by restating the problem.
 
     reasoning_gym prompt (params.rg_task)  the task's own scorer on the extracted final answer ("auto"
                                            extraction); 1.0 only for full credit, partial credit counts 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.eval.live import final_turn, response
+from asyncrl.evaluation.live import final_turn, response
 from asyncrl.reward.strict import strict_score
 
 # model turn (calls the calculator) | tool output | model turn (the answer)

@@ -11,9 +11,9 @@ import pytest
 
 from asyncrl import records as R
 from asyncrl.client import Client
-from asyncrl.eval.config import EvalConfig
-from asyncrl.eval.live import LiveEvaluator
-from asyncrl.eval.rounds import Response, round_prompts, summarize
+from asyncrl.evaluation.config import EvalConfig
+from asyncrl.evaluation.live import LiveEvaluator
+from asyncrl.evaluation.rounds import Response, round_prompts, summarize
 from asyncrl.net.peer import HubPeer
 from asyncrl.replay.background import BackgroundHub
 from asyncrl.replay.config import BatchConfig, HubConfig

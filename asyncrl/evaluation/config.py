@@ -1,4 +1,4 @@
-"""Config of the held-out evaluation (read by `asyncrl.eval`)."""
+"""Config of the held-out evaluation (read by `asyncrl.evaluation`)."""
 
 from __future__ import annotations
 

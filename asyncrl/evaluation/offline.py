@@ -1,5 +1,5 @@
 """Evaluate a model folder on its own (no run): the built-in torch engine answers the task's held-out prompts
-and `asyncrl.eval.rounds` scores them strictly, as the live evaluation does during training.
+and `asyncrl.evaluation.rounds` scores them strictly, as the live evaluation does during training.
 
 `evaluate` reads the sections of a run's config it needs (model, task, eval, and the generators' batch size
 and seed); `python -m asyncrl.eval` (asyncrl/eval/__main__.py) loads them from a run's TOML.
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from asyncrl.eval.config import EvalConfig
-from asyncrl.eval.rounds import Response, round_prompts, summarize
+from asyncrl.evaluation.config import EvalConfig
+from asyncrl.evaluation.rounds import Response, round_prompts, summarize
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.models.config import ModelConfig, resolve_model_path
 from asyncrl.records import Prompt

@@ -5,7 +5,7 @@
           └──── results() ◄── eval.jsonl ┘  └──────── Completion (pushed) ◄──────┘ (scored by reward workers)
 
 The learner asks for an evaluation after pushing the weights of a step; the eval thread submits the round's
-prompts (`asyncrl.eval.rounds`) as evaluation prompts: the hub leases them before any training prompt and
+prompts (`asyncrl.evaluation.rounds`) as evaluation prompts: the hub leases them before any training prompt and
 outside admission, and forgets them once scored, so they never enter a batch or the run's accounting
 (`asyncrl.replay.state`). The thread scores each response strictly itself and appends the round's record to
 RUN_DIR/eval.jsonl (and each greedy answer, with its question and score, to RUN_DIR/eval_responses.jsonl); the
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from asyncrl.eval.config import EvalConfig
-from asyncrl.eval.rounds import Response, round_prompts, summarize
+from asyncrl.evaluation.config import EvalConfig
+from asyncrl.evaluation.rounds import Response, round_prompts, summarize
 from asyncrl.records import Prompt, SamplingParams, ScoredSample
 
 log = logging.getLogger(__name__)

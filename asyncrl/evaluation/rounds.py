@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncrl.eval.config import EvalConfig
+from asyncrl.evaluation.config import EvalConfig
 from asyncrl.records import Prompt, RewardSpec, SamplingParams
 
 
