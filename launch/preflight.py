@@ -26,14 +26,15 @@ def preflight(cfg: RunConfig) -> None:
 
 
 def check_lora_targets(cfg: RunConfig) -> None:
-    """learner.lora_targets name linear layers the model has (read from its config.json, no weights)."""
+    """learner.lora_targets name linear layers the model has, and learner.lora_trainable modules with parameters
+    (read from its config.json, no weights)."""
     if cfg.learner.lora_rank <= 0:
         return
     from asyncrl.models.config import resolve_model_path
     from asyncrl.learner.lora import check_targets
 
     try:
-        check_targets(resolve_model_path(cfg.model), cfg.learner.lora_targets)
+        check_targets(resolve_model_path(cfg.model), cfg.learner.lora_targets, cfg.learner.lora_trainable)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -62,7 +62,8 @@ class RunConfig:
         """What each weight push carries: "full" (no LoRA), "adapter" or "merged" (`learner.lora_push`). With
         SGLang, "auto" and "adapter" ask the server (/server_info, waiting up to sglang.startup_wait_s): "adapter"
         when it runs with --enable-lora and the adapters fit its --max-lora-rank / --lora-target-modules (else a
-        ValueError naming the key and the flag), "merged" for "auto" on a server without LoRA serving."""
+        ValueError naming the key and the flag), "merged" for "auto" on a server without LoRA serving or with
+        learner.lora_trainable set (SGLang's LoRA serving takes adapters only, not trained norms)."""
         if not self.learner.lora_rank:
             return "full"
         ln = self.learner
@@ -70,7 +71,7 @@ class RunConfig:
             return "adapter" if ln.lora_push == "auto" else ln.lora_push
         from asyncrl.engine.sglang.lora import resolve_push
 
-        return resolve_push(self.generator.sglang, ln.lora_push, ln.lora_rank, ln.lora_targets)
+        return resolve_push(self.generator.sglang, ln.lora_push, ln.lora_rank, ln.lora_targets, ln.lora_trainable)
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -10,15 +10,20 @@ computes exactly the base model until the first update.
 
 The rest of the learner sees adapters only through these functions:
 
-    adapter_names / is_adapter    which parameters are trained (the optimizer and the checkpoint hold only them)
+    adapter_names / is_adapter    the adapter tensors
+    trainable_paths / freeze_base which base parameters train beside the adapters (`learner.lora_trainable`, the
+                                  norms' gains by default) and the freezing of the rest; the optimizer and the
+                                  checkpoint hold the trained parameters only (requires_grad)
     merged_tensors                (HF name, tensor) of the merged model, W + scale * B @ A, computed fresh from
                                   the pristine base each call (never merged in place): the merged weight push
                                   (SGLang), the rescorer and the merged export read it
     adapter_push / base_push      the adapter-only push (`learner.lora_push = "adapter"`, the torch engine): each
-                                  version sends A and B only, a joining generator gets the base and the adapters;
+                                  version sends A, B and the trained base tensors (norms), a joining generator gets
+                                  the base and the adapters;
                                   the engine merges from its pristine base (asyncrl/engine/torch/adapter_merge.py)
     peft_state_dict / peft_config an adapter folder in PEFT's layout (asyncrl/models/peft_adapter.py)
-    check_targets                 the target names against a model folder, without loading weights (preflight)
+    check_targets                 the target and trainable names against a model folder, without loading weights
+                                  (preflight)
 """
 
 from __future__ import annotations
@@ -99,12 +104,43 @@ def is_adapter(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in ADAPTERS
 
 
-def freeze_base(model: nn.Module, dtype: torch.dtype) -> None:
-    """Every parameter of `model` except the adapters: no gradient, held in `dtype` (the compute dtype: no fp32
-    master is kept of what is never updated). The adapters stay trainable fp32 masters."""
+def trainable_paths(model: nn.Module, trainable: Sequence[str], targets: Sequence[str] = ()) -> list[str]:
+    """HF names of the base parameters trained beside the adapters: those owned directly by a module whose
+    last name component ends with one of `trainable` ("norm": input_layernorm, post_attention_layernorm,
+    model.norm). Tied aliases appear once, under `named_parameters`' name. A name matching no parameter, or
+    a LoRA target, is a ValueError naming learner.lora_trainable."""
+    owned: dict[int, str] = {}
+    matched: set[str] = set()
+    for path, module in model.named_modules():
+        leaf = path.rsplit(".", 1)[-1]
+        hits = [name for name in trainable if leaf.endswith(name)]
+        if not hits or not any(True for _ in module.parameters(recurse=False)):
+            continue
+        if leaf in targets or isinstance(module, LoraLinear):
+            raise ValueError(f"learner.lora_trainable: {hits[0]!r} matches {path}, a LoRA target (it has adapters); "
+                             "drop it from learner.lora_trainable or from learner.lora_targets")
+        matched.update(hits)
+        for name, p in module.named_parameters(recurse=False):
+            owned.setdefault(id(p), f"{path}.{name}")
+    for name in trainable:
+        if name not in matched:
+            leaves = sorted({p.rsplit(".", 1)[-1] for p, m in model.named_modules()
+                             if p and any(True for _ in m.parameters(recurse=False))})
+            raise ValueError(f"learner.lora_trainable: {name!r} ends no module name of {type(model).__name__} that "
+                             f"holds parameters (its modules: {', '.join(leaves)}); fix or drop it")
+    return [name for name, p in model.named_parameters() if id(p) in owned]
+
+
+def freeze_base(model: nn.Module, dtype: torch.dtype, trainable: Sequence[str] = ()) -> None:
+    """Every parameter of `model` except the adapters and the `trainable` base parameters (HF names,
+    `trainable_paths`): no gradient, held in `dtype` (the compute dtype: no fp32 master is kept of what is never
+    updated). The adapters and the trainable ones stay trained fp32 masters."""
+    keep = set(trainable)
     for name, p in model.named_parameters():
-        if is_adapter(name):
+        if is_adapter(name) or name in keep:
             p.requires_grad_(True)
+            if p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
             continue
         p.requires_grad_(False)
         if p.dtype != dtype and p.is_floating_point():
@@ -144,9 +180,11 @@ def merged_tensors(named: Iterable[tuple[str, Tensor]], modules: dict[str, LoraL
 
 
 def adapter_push(masters: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
-    """(HF module path + ".lora_A" / ".lora_B", full fp32 tensor) of every adapter, nothing else: one version's
-    adapter-only push. Collective under FSDP (every rank iterates it); the base is never gathered."""
-    return ((name, fsdp.full_tensor(p.detach())) for name, p in masters if is_adapter(name))
+    """(HF name, full fp32 tensor) of every trained tensor, nothing else: the adapters ("<module>.lora_A" /
+    ".lora_B") and the base parameters of `learner.lora_trainable` (e.g. "model.norm.weight", which the engine
+    loads as they are). One version's adapter-only push. Collective under FSDP (every rank iterates it); the
+    frozen base is never gathered."""
+    return ((name, fsdp.full_tensor(p.detach())) for name, p in masters if p.requires_grad)
 
 
 def base_push(masters: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
@@ -155,12 +193,27 @@ def base_push(masters: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tens
     return ((name, fsdp.full_tensor(p.detach())) for name, p in masters)
 
 
-def check_targets(model_path: str | Path, targets: Sequence[str]) -> None:
-    """The launcher's preflight: `targets` against the architecture of the folder `model_path` (config.json only;
-    the skeleton is built on the meta device, nothing is loaded). ValueError naming the first bad target."""
+def peft_saved(tensors: dict[str, Tensor], trainable: Sequence[str]) -> dict[str, Tensor]:
+    """The trained base parameters among `tensors` (HF names) under PEFT's keys for a `modules_to_save` module,
+    "base_model.model.<module>.weight" (what `get_peft_model_state_dict` writes and `PeftModel.from_pretrained`
+    loads into the module's trained copy)."""
+    return {f"base_model.model.{name}": tensors[name] for name in trainable}
+
+
+def peft_modules_to_save(trainable: Sequence[str]) -> list[str] | None:
+    """adapter_config.json's `modules_to_save`: the last name component of every module holding a trained base
+    parameter (PEFT matches a module whose name is it or ends with "." + it), None when there is none."""
+    return sorted({name.rsplit(".", 2)[-2] for name in trainable}) or None
+
+
+def check_targets(model_path: str | Path, targets: Sequence[str], trainable: Sequence[str] = ()) -> None:
+    """The launcher's preflight: `targets` (learner.lora_targets) and `trainable` (learner.lora_trainable) against
+    the architecture of the folder `model_path` (config.json only; the skeleton is built on the meta device,
+    nothing is loaded). ValueError naming the first bad name and its key."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     target_paths(skeleton, targets)
+    trainable_paths(skeleton, trainable, targets)

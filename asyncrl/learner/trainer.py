@@ -23,7 +23,8 @@ Compute runs in bf16 on GPU through FSDP2's mixed precision (a lone process join
 with dynamic loss scaling, loss_scale.py, when model.dtype = "float16"),
 attention is variable-length over the pack (attention.py) and the lm_head is fused with the logprob
 (linear_logprob.py). With `lora_rank > 0` (lora.py) the base is frozen in the compute dtype and only the
-adapters are optimised and checkpointed; the weight push gets the merged weights under the base's names.
+adapters and the `lora_trainable` base tensors (the norms) are optimised and checkpointed; the weight push gets
+them, or the merged weights under the base's names.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Trainer:
         self.attn = attention.resolve(cfg.attn_implementation, device)
         torch.manual_seed(seed)
         self.lora: dict[str, lora.LoraLinear] = {}  # module path -> adapter module (lora_rank > 0)
+        self.lora_trainable: list[str] = []  # HF names of the base parameters trained beside the adapters
         self.policy = self._build(model_path, cfg.recipe.value_head, trainable=True)
         self.policy.train()  # every module (from_pretrained leaves the HF model in eval); _update keeps it so
         self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 else None
@@ -101,6 +103,7 @@ class Trainer:
         if trainable and self.cfg.lora_rank:
             self.lora = lora.apply(hf, self.cfg.lora_targets, self.cfg.lora_rank, self.cfg.lora_alpha,
                                    self.cfg.lora_dropout)
+            self.lora_trainable = lora.trainable_paths(hf, self.cfg.lora_trainable, self.cfg.lora_targets)
         if self.attn == attention.NAME:  # token-major attention forward for packed rows (same parameters)
             lean_attention.install(hf)
         if self.residual_fp32:
@@ -113,7 +116,7 @@ class Trainer:
         model = PolicyModel(hf, value_head, self.cfg.logprob_chunk_tokens, self.logits_fp32).to(self.dist.device)
         model.requires_grad_(trainable)
         if trainable and self.lora:  # before sharding: FSDP2 reads requires_grad and dtypes when it wraps
-            lora.freeze_base(hf, self.dtype)
+            lora.freeze_base(hf, self.dtype, self.lora_trainable)
         if self.dist.sharded:
             fsdp.shard(model, hf, self.dtype, self.dist.device)
         return model
@@ -294,8 +297,9 @@ class Trainer:
         return lora.merged_tensors(full, self.lora) if self.lora else full
 
     def adapter_tensors(self) -> dict[str, Tensor]:
-        """LoRA: {"<HF module path>.lora_A" / ".lora_B": full fp32 tensor on the host} (collective)."""
-        return {name: fsdp.full_tensor(p.detach()).cpu() for name, p in self.masters if lora.is_adapter(name)}
+        """LoRA: {"<HF module path>.lora_A" / ".lora_B", or the HF name of a `lora_trainable` base parameter: full
+        fp32 tensor on the host}, what an adapter push carries (collective)."""
+        return {name: t.cpu() for name, t in lora.adapter_push(self.masters)}
 
     def save_checkpoint(self, run_dir: str | Path, extra: dict[str, Any] | None = None,
                         background: bool = False) -> Path | None:
@@ -331,7 +335,11 @@ class Trainer:
             cfg = self.cfg
             config = peft_adapter.peft_config(cfg.lora_targets, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
                                               self.model_path)
-            adapter = peft_adapter.PeftAdapter(peft_adapter.peft_state_dict(self.adapter_tensors()), config)
+            tensors = self.adapter_tensors()
+            adapters = {k: v for k, v in tensors.items() if lora.is_adapter(k)}
+            state = {**peft_adapter.peft_state_dict(adapters), **lora.peft_saved(tensors, self.lora_trainable)}
+            config["modules_to_save"] = lora.peft_modules_to_save(self.lora_trainable)
+            adapter = peft_adapter.PeftAdapter(state, config)
         return exp.export_hf(self.named_full_tensors(), self.policy.hf.config, self.model_path, out_dir,
                              write=self.dist.rank == 0, adapter=adapter)
 

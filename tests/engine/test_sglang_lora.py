@@ -182,8 +182,8 @@ def test_the_double_enforces_the_lora_rules(double, tmp_path):
 
 def test_errors_name_the_key_and_the_server_flag(double, tmp_path):
     def resolve(url: str, **learner) -> str:
-        cfg = RunConfig(learner=LearnerConfig(lora_rank=RANK, lora_targets=list(TARGETS)) if not learner else
-                        LearnerConfig(**learner),
+        cfg = RunConfig(learner=LearnerConfig(lora_rank=RANK, lora_targets=list(TARGETS), lora_trainable=[])
+                        if not learner else LearnerConfig(**{"lora_trainable": [], **learner}),
                         generator=GeneratorConfig(engine="sglang", sglang=SGLangConfig(base_url=url)))  # fmt: skip
         return cfg.resolved_lora_push
 
@@ -210,12 +210,18 @@ def test_errors_name_the_key_and_the_server_flag(double, tmp_path):
 
 
 def test_auto_resolves_to_adapter_only_on_a_server_with_lora(double):
-    def auto(engine: str, url: str) -> str:
-        return RunConfig(learner=LearnerConfig(lora_rank=RANK, lora_targets=list(TARGETS)),
-                         generator=GeneratorConfig(engine=engine, sglang=SGLangConfig(base_url=url))).resolved_lora_push
+    def auto(engine: str, url: str, **learner) -> str:
+        ln = LearnerConfig(**{"lora_rank": RANK, "lora_targets": list(TARGETS), "lora_trainable": [], **learner})
+        return RunConfig(learner=ln, generator=GeneratorConfig(engine=engine, sglang=SGLangConfig(base_url=url))
+                         ).resolved_lora_push  # fmt: skip
 
     assert auto("sglang", double.url) == "adapter"
     assert auto("torch", double.url) == "adapter"
+    # Trained norms (learner.lora_trainable, ["norm"] by default): SGLang's LoRA serving cannot load them.
+    assert auto("sglang", double.url, lora_trainable=["norm"]) == "merged"
+    assert auto("torch", double.url, lora_trainable=["norm"]) == "adapter"
+    with pytest.raises(ValueError, match=r"learner.lora_push='adapter' .*learner.lora_trainable=\[\] \(now \['norm'\]\)"):
+        auto("sglang", double.url, lora_trainable=["norm"], lora_push="adapter")
     with SGLangDouble() as off:
         assert auto("sglang", off.url) == "merged"
     assert RunConfig(learner=LearnerConfig(lora_rank=RANK, lora_push="merged", lora_targets=list(TARGETS)),

@@ -60,6 +60,8 @@ def test_missing_task_file_names_task_path(capsys, tmp_path):
     (["generator.rollout.environment=calculator"], ["'module:ClassName'"]),
     (["reward.components=[{kind = \"environment\"}]"], ["kind 'environment'", "generator.rollout.environment"]),
     (["learner.lora_rank=4", 'learner.lora_targets=["q_proj", "qkv"]'], ["learner.lora_targets", "'qkv'"]),
+    (["learner.lora_rank=4", 'learner.lora_trainable=["norm", "layer_norm_x"]'],
+     ["learner.lora_trainable", "'layer_norm_x'"]),
 ])
 def test_rollout_and_lora_mistakes_are_one_line_before_anything_starts(capsys, tmp_path, sets, words):
     err = one_line_error(capsys, [x for kv in sets for x in ("--set", kv)] + ["--run-dir", str(tmp_path / "r")])

@@ -1,5 +1,6 @@
-"""LoRA in the learner: config and target errors, a frozen base (bit for bit), adapter-only optimizer and
-checkpoints, merged weights under the Hugging Face names, resume, export (merged folder + PEFT adapter)."""
+"""LoRA in the learner: config and target errors, a frozen base (bit for bit), an optimizer and checkpoints of
+the adapters and the trained norms (learner.lora_trainable) only, merged weights under the Hugging Face names,
+resume, export (merged folder + PEFT adapter with modules_to_save)."""
 
 import json
 
@@ -22,12 +23,17 @@ def lora_trainer(model_path, **overrides) -> Trainer:
     return Trainer(LearnerConfig(**{**LORA, **overrides}), str(model_path), device="cpu")
 
 
+def is_trained(name: str) -> bool:
+    """An adapter, or a norm's gain (learner.lora_trainable's default, ["norm"])."""
+    return lora.is_adapter(name) or name.rsplit(".", 2)[-2].endswith("norm")
+
+
 def base_snapshot(t: Trainer) -> dict[str, torch.Tensor]:
-    return {k: p.detach().clone() for k, p in t.policy.hf.named_parameters() if not lora.is_adapter(k)}
+    return {k: p.detach().clone() for k, p in t.policy.hf.named_parameters() if not is_trained(k)}
 
 
 def adapter_snapshot(t: Trainer) -> dict[str, torch.Tensor]:
-    return {k: p.detach().clone() for k, p in t.policy.hf.named_parameters() if lora.is_adapter(k)}
+    return {k: p.detach().clone() for k, p in t.policy.hf.named_parameters() if is_trained(k)}
 
 
 def train(t: Trainer, steps: range) -> list[dict[str, float]]:
@@ -36,7 +42,8 @@ def train(t: Trainer, steps: range) -> list[dict[str, float]]:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("lora_rank", -1), ("lora_alpha", 0.0), ("lora_dropout", 1.0), ("lora_targets", []),
-    ("lora_targets", ["q_proj", "q_proj"]), ("lora_targets", ["model.q_proj"]), ("lora_lr", -1.0)])
+    ("lora_targets", ["q_proj", "q_proj"]), ("lora_targets", ["model.q_proj"]), ("lora_lr", -1.0),
+    ("lora_trainable", ["model.norm"]), ("lora_trainable", ["norm", "norm"]), ("lora_trainable", [""])])
 def test_config_errors_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"learner.{field}"):
         LearnerConfig(**{field: value})
@@ -59,22 +66,44 @@ def test_a_target_the_model_lacks_is_one_line_naming_it(tiny_model):
     lora.check_targets(tiny_model, DEFAULT_LORA_TARGETS)
 
 
-def test_training_moves_only_the_adapters(tiny_model):
+def test_a_trainable_name_the_model_lacks_is_one_line_naming_it(tiny_model):
+    with pytest.raises(ValueError, match="learner.lora_trainable: 'layernorm_x' ends no module name") as e:
+        lora_trainer(tiny_model, lora_trainable=["norm", "layernorm_x"])
+    assert "\n" not in str(e.value) and "input_layernorm" in str(e.value)
+    with pytest.raises(ValueError, match="learner.lora_trainable: 'ln' ends no module name"):
+        lora.check_targets(tiny_model, DEFAULT_LORA_TARGETS, ["ln"])  # preflight's check: config.json only
+    with pytest.raises(ValueError, match="learner.lora_trainable: 'q_proj' matches .*a LoRA target"):
+        lora.check_targets(tiny_model, DEFAULT_LORA_TARGETS, ["q_proj"])
+    lora.check_targets(tiny_model, DEFAULT_LORA_TARGETS, ["norm", "embed_tokens"])
+
+
+def test_training_moves_only_the_adapters_and_the_norms(tiny_model):
     t = lora_trainer(tiny_model)
     assert len(t.lora) == 2 * len(DEFAULT_LORA_TARGETS)  # 2 layers x 7 projections
+    assert t.lora_trainable == ["model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+                                "model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight",
+                                "model.norm.weight"]
     base, adapters = base_snapshot(t), adapter_snapshot(t)
     assert all(not torch.any(v) for k, v in adapters.items() if k.endswith("lora_B"))  # starts as the base
     assert [g["lr"] for g in t.optimizer.param_groups] == [1e-2]
     in_optimizer = {id(p) for g in t.optimizer.param_groups for p in g["params"]}
-    assert in_optimizer == {id(p) for k, p in t.policy.hf.named_parameters() if lora.is_adapter(k)}
+    assert in_optimizer == {id(p) for k, p in t.policy.hf.named_parameters() if is_trained(k)}
     train(t, range(1, 3))
     for k, p in t.policy.hf.named_parameters():
-        if not lora.is_adapter(k):
+        if not is_trained(k):
             assert not p.requires_grad and p.grad is None, k
             assert torch.equal(p.detach(), base[k]), f"base parameter {k} changed"
             assert p not in t.optimizer.state, k
         else:
             assert p.dtype == torch.float32 and not torch.equal(p.detach(), adapters[k]), f"adapter {k} did not move"
+
+
+def test_an_empty_lora_trainable_trains_the_adapters_alone(tiny_model):
+    t = lora_trainer(tiny_model, lora_trainable=[])
+    assert t.lora_trainable == []
+    in_optimizer = {id(p) for g in t.optimizer.param_groups for p in g["params"]}
+    assert in_optimizer == {id(p) for k, p in t.policy.hf.named_parameters() if lora.is_adapter(k)}
+    assert set(t.adapter_tensors()) == {k for k, _ in t.masters if lora.is_adapter(k)}
 
 
 def test_merged_weights_are_w_plus_scaled_ba_under_the_hf_names(tiny_model):
@@ -88,8 +117,11 @@ def test_merged_weights_are_w_plus_scaled_ba_under_the_hf_names(tiny_model):
         want = module.weight.detach() + scale * module.lora_B.detach() @ module.lora_A.detach()
         torch.testing.assert_close(merged[f"{path}.weight"], want, atol=0, rtol=0)
         assert not torch.equal(merged[f"{path}.weight"], module.weight), path
+    trained = dict(t.policy.hf.named_parameters())
     for k, p in plain.named_parameters():
-        if k.rsplit(".", 1)[0] not in t.lora or k.endswith("bias"):
+        if k in t.lora_trainable:  # a trained norm: the learner's own tensor, moved off the base
+            assert torch.equal(merged[k], trained[k].detach()) and not torch.equal(merged[k], p.detach()), k
+        elif k.rsplit(".", 1)[0] not in t.lora or k.endswith("bias"):
             assert torch.equal(merged[k], p.detach()), k
     # pushed twice: the same numbers (computed from the pristine base, never merged in place)
     assert all(torch.equal(v, merged[k]) for k, v in t.named_full_tensors())
@@ -112,8 +144,8 @@ def test_bf16_under_fsdp_holds_the_base_in_bf16_and_keeps_it(tiny_model):
     adapters are fp32 masters, the lean varlen attention runs through the wrapped projections."""
     t = Trainer(LearnerConfig(**LORA), str(tiny_model), device="cpu", dtype="bfloat16")
     held = {k: fsdp.local_tensor(p.detach()) for k, p in t.masters}  # what FSDP2 keeps (one rank: whole tensors)
-    base = {k: v.clone() for k, v in held.items() if not lora.is_adapter(k)}
-    adapters = {k: v.clone() for k, v in held.items() if lora.is_adapter(k)}
+    base = {k: v.clone() for k, v in held.items() if not is_trained(k)}
+    adapters = {k: v.clone() for k, v in held.items() if is_trained(k)}  # and the norms' gains
     assert {v.dtype for v in base.values()} == {torch.bfloat16}
     assert {v.dtype for v in adapters.values()} == {torch.float32}
     m = train(t, range(1, 3))
@@ -132,8 +164,9 @@ def test_checkpoint_holds_adapters_only_and_resumes_exactly(tiny_model, tmp_path
     want = train(straight, range(3, 5))
 
     saved = torch.load(path / "model.pt", weights_only=True)
-    assert saved and all(lora.is_adapter(k) for k in saved), sorted(saved)[:3]
-    assert len(saved) == 2 * len(straight.lora)
+    assert saved and all(is_trained(k) for k in saved), sorted(saved)[:3]
+    assert len(saved) == 2 * len(straight.lora) + 5  # + 2 layers x 2 norms + model.norm
+    assert {f"hf.{k}" for k in straight.lora_trainable} <= set(saved)
 
     resumed = lora_trainer(tiny_model, **cfg)
     assert resumed.load_checkpoint(latest_checkpoint(tmp_path)) == {"k": 1} and resumed.step == 2
@@ -157,7 +190,11 @@ def test_export_writes_the_merged_folder_and_a_peft_adapter(tiny_model, tmp_path
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
     assert config["target_modules"] == ["down_proj", "q_proj", "v_proj"]
     tensors = load_file(out / "adapter" / "adapter_model.safetensors")
-    assert len(tensors) == 2 * 2 * 3
+    assert len(tensors) == 2 * 2 * 3 + 5  # + the trained norms, as PEFT saves a modules_to_save module
+    assert config["modules_to_save"] == ["input_layernorm", "norm", "post_attention_layernorm"]
+    norm = tensors["base_model.model.model.norm.weight"]
+    assert torch.equal(norm, dict(t.policy.hf.named_parameters())["model.norm.weight"].detach())
+    assert not torch.all(norm == 1.0)  # trained
     a = tensors["base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"]
     torch.testing.assert_close(a, t.lora["model.layers.1.self_attn.q_proj"].lora_A.detach(), atol=0, rtol=0)
     assert tensors["base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"].shape == (64, 4)

@@ -61,7 +61,9 @@ def test_adapter_pushes_equal_a_fresh_merge_and_the_merged_push_at_every_version
     for version in range(1, 6):
         trainer.train_step(make_batch(seed=version, step=version))
         adapters = dict(lora.adapter_push(trainer.masters))
-        assert sorted(adapters) == sorted(f"{p}.{leaf}" for p in targets for leaf in ("lora_A", "lora_B"))
+        assert sorted(adapters) == sorted([f"{p}.{leaf}" for p in targets for leaf in ("lora_A", "lora_B")]
+                                          + trainer.lora_trainable)  # + the trained norms (lora_trainable)
+        assert "model.norm.weight" in adapters and not torch.all(adapters["model.norm.weight"] == 1.0)
         assert all(t.dtype == torch.float32 for t in adapters.values())
         update(adapter_engine, adapters.items(), version)
         update(merged_engine, trainer.named_full_tensors(), version)
@@ -72,6 +74,8 @@ def test_adapter_pushes_equal_a_fresh_merge_and_the_merged_push_at_every_version
             assert b.abs().sum() > 0  # trained: the test is not a no-op
             want = merge(w0[f"{path}.weight"], a, b, SPEC.scale).to(torch_dtype)
             assert same_bits(got[f"{path}.weight"], want), (version, path)
+        for name in trainer.lora_trainable:  # a trained norm replaces the base tensor as it is: no merge, no drift
+            assert same_bits(got[name], adapters[name].to(torch_dtype)), (version, name)
         assert got.keys() == merged.keys()
         assert all(same_bits(got[k], merged[k]) for k in got), [k for k in got if not same_bits(got[k], merged[k])]
         for x, y in zip(scores(adapter_engine), scores(merged_engine), strict=True):
@@ -110,6 +114,8 @@ def test_bad_adapters_are_errors_naming_the_tensor(tiny_model):
         engine.load_weights([(f"{path}.lora_A", torch.zeros(4, cols + 1))])
     with pytest.raises(ValueError, match="no LoRA target of this engine"):
         engine.load_weights([("lm_head.lora_A", torch.zeros(4, 64))])
+    with pytest.raises(ValueError, match=r"unknown parameter names \['model.final_norm.weight'\]"):
+        engine.load_weights([("model.final_norm.weight", torch.ones(64))])  # a trained tensor the engine lacks
     engine.load_weights([(f"{path}.lora_A", torch.zeros(4, cols))])
     with pytest.raises(ValueError, match="lora_A and lora_B must arrive together"):
         engine.end_weight_update(1)
@@ -127,7 +133,10 @@ def test_lora_push_resolves_from_the_engine():
     nowhere = GeneratorConfig(engine="sglang", sglang=SGLangConfig(base_url="http://127.0.0.1:9"))
     assert RunConfig(learner=lora_on, generator=nowhere).resolved_lora_push == "merged"
     assert RunConfig(learner=LearnerConfig(lora_rank=8, lora_push="merged")).resolved_lora_push == "merged"
-    adapter = LearnerConfig(lora_rank=8, lora_push="adapter")
+    adapter = LearnerConfig(lora_rank=8, lora_push="adapter", lora_trainable=[])
     assert RunConfig(learner=adapter, generator=nowhere).resolved_lora_push == "adapter"
+    # Trained norms (lora_trainable, ["norm"] by default): SGLang's LoRA serving cannot take them.
+    with pytest.raises(ValueError, match=r"learner.lora_push='adapter' with SGLang needs learner.lora_trainable=\[\]"):
+        RunConfig(learner=LearnerConfig(lora_rank=8, lora_push="adapter"), generator=nowhere).resolved_lora_push
     with pytest.raises(ValueError, match="learner.lora_push"):
         LearnerConfig(lora_push="delta")

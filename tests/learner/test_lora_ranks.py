@@ -31,7 +31,8 @@ def test_two_ranks_match_one(tiny_model, tmp_path):
         torch.testing.assert_close(got["params"][k], ref[k], atol=1e-6, rtol=1e-5, msg=k)
 
     saved = torch.load(f"{got['ckpt']}/model.pt", weights_only=True)
-    assert saved and all(lora.is_adapter(k) for k in saved)
+    assert saved and all(lora.is_adapter(k) or k.rsplit(".", 2)[-2].endswith("norm") for k in saved)  # + the norms
+    assert "hf.model.norm.weight" in saved
     for k in ("loss", "grad_norm"):
         assert got["m2b"][k] == pytest.approx(got["m2"][k], rel=1e-6, abs=1e-7), k
     other = Trainer(LearnerConfig(**CFG), str(tiny_model), device="cpu")

@@ -101,10 +101,21 @@ def served(target: str, server_targets: frozenset[str] | None) -> bool:
     return target in server_targets or FUSED.get(target) in server_targets
 
 
-def resolve_push(config: SGLangConfig, lora_push: str, rank: int, targets: Sequence[str]) -> str:
+def resolve_push(config: SGLangConfig, lora_push: str, rank: int, targets: Sequence[str],
+                 trainable: Sequence[str] = ()) -> str:
     """learner.lora_push "auto" / "adapter" against the server: "adapter" when it serves LoRA and the learner's
     adapters fit (ValueError when they do not), "merged" for "auto" on a server without --enable-lora or one
-    not reachable (within sglang.startup_wait_s: the engine waits as long, then fails to start)."""
+    not reachable (within sglang.startup_wait_s: the engine waits as long, then fails to start). With
+    `trainable` (learner.lora_trainable) non-empty: "merged" for "auto" and a ValueError for "adapter", without
+    asking the server, since its LoRA serving loads adapters onto a frozen base and cannot take trained norms."""
+    if trainable:
+        if lora_push == "adapter":
+            raise ValueError(f"learner.lora_push='adapter' with SGLang needs learner.lora_trainable=[] (now "
+                             f"{list(trainable)}): SGLang's LoRA serving cannot load trained base tensors; "
+                             "set learner.lora_trainable=[] or learner.lora_push='merged'")
+        log.info("learner.lora_push='auto': learner.lora_trainable=%s trains base tensors SGLang's LoRA serving "
+                 "cannot load, so pushes carry merged weights", list(trainable))
+        return "merged"
     try:
         server = ServerLora.of(_server_info(SGLangHTTP(config.base_url, config.api_key), config))
     except SGLangConnectionError as e:

@@ -1,14 +1,18 @@
 """Adapter-only weight updates for the torch engine: W = W0 + scale * B @ A from a kept pristine base.
 
 With LoRA (`learner.lora_rank > 0`, `learner.lora_push = "adapter"`) the learner pushes only each targeted
-linear's adapters, `<module>.lora_A` [r, in] and `<module>.lora_B` [out, r] in fp32, a few MB, instead of the
+linear's adapters, `<module>.lora_A` [r, in] and `<module>.lora_B` [out, r] in fp32, a few MB, plus the base
+tensors it trains beside them (`learner.lora_trainable`: the norms' gains by default, KBs) instead of the
 merged model. The engine keeps a pristine copy W0 of every targeted weight and, at the end of each update,
 recomputes W from it:
 
     load_weights(stream) ──take()──► "<module>.lora_A" / ".lora_B"   held (copied: the stream's tensors are
                             │                                         views of a receive buffer)
                             ├──────► "<module>.weight" of a target    copied into W0 (a full push: the base)
-                            └──────► everything else                  the model, as before
+                            └──────► everything else                  the model, as before: a trained norm
+                                                                      replaces the base tensor wholesale (no
+                                                                      merge, so no drift); a name the model
+                                                                      lacks is load_weights' ValueError
     end_weight_update(v) ──apply()─► W.copy_(merge(W0, A, B, scale)) for every module whose W0 or adapters
                                      arrived in this update
 
