@@ -34,6 +34,7 @@ import numpy as np
 from asyncrl.evaluation.config import EvalConfig
 from asyncrl.evaluation.rounds import Response, round_prompts, summarize
 from asyncrl.records import Prompt, SamplingParams, ScoredSample
+from asyncrl.task.config import TaskConfig
 
 log = logging.getLogger(__name__)
 SUBMIT_CHUNK = 64  # prompts per SubmitPrompts frame
@@ -179,3 +180,25 @@ def final_turn(token_ids: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     env = np.flatnonzero(loss_mask[: model[-1]] == 0)
     start = env[-1] + 1 if len(env) else 0
     return token_ids[start:]
+
+
+def build_evaluator(evaluation: EvalConfig, task: TaskConfig, multi_turn: bool, run_dir: Path,
+                    model_path: str) -> LiveEvaluator | None:
+    """Held-out evaluation through the generators (eval.every > 0): the task's held-out prompts, which the
+    feeder leaves out of training; a multi-turn run's episodes are scored on their last model turn."""
+    if not evaluation.enabled:
+        return None
+    from asyncrl.task import task_sampling
+    from asyncrl.task.heldout import heldout_prompts
+
+    heldout = heldout_prompts(task, evaluation.prompts, model_path if task.chat_template else None)
+    return LiveEvaluator(evaluation, heldout, task_sampling(task), run_dir,
+                         decode=tokenizer_decode(model_path) if multi_turn else None)
+
+
+def tokenizer_decode(model_path: str) -> Callable[[np.ndarray], str]:
+    """Token ids -> text with the model's tokenizer (what the strict check reads of an episode's last turn)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)

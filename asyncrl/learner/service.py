@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from asyncrl import records as R
 from asyncrl.evaluation.config import EvalConfig
-from asyncrl.evaluation.live import LiveEvaluator
+from asyncrl.evaluation.live import build_evaluator
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.models.config import ModelConfig, resolve_model_path
 from asyncrl.net.credentials import RunSecret
@@ -53,9 +53,7 @@ from asyncrl.observe.metrics import MetricsWriter
 from asyncrl.net.nccl_env import set_nccl_defaults
 from asyncrl.net.tcp_store import bound_store, client_store
 from asyncrl.net.peer import HubError, HubPeer
-from asyncrl.rollout.config import RolloutConfig
 from asyncrl.rollout.metrics import episode_metrics
-from asyncrl.task import task_sampling
 from asyncrl.task.config import TaskConfig
 from asyncrl.observe.timeline import Timeline
 from asyncrl.weights.bucket import drain
@@ -79,29 +77,6 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> None:
     store = (bound_store(address, port, world, timeout_s) if rank == 0
              else client_store(address, port, world, timeout_s))
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
-
-
-def build_evaluator(evaluation: EvalConfig, task: TaskConfig, rollout: RolloutConfig, run_dir: Path,
-                    model_path: str) -> LiveEvaluator | None:
-    """Held-out evaluation through the generators (eval.every > 0): the task's held-out prompts, which the
-    feeder leaves out of training."""
-    if not evaluation.enabled:
-        return None
-    from asyncrl.task.heldout import heldout_prompts
-
-    heldout = heldout_prompts(task, evaluation.prompts, model_path if task.chat_template else None)
-    return LiveEvaluator(evaluation, heldout, task_sampling(task), run_dir,
-                         decode=final_turn_decoder(rollout, model_path))
-
-
-def final_turn_decoder(rollout: RolloutConfig, model_path: str) -> Callable[[np.ndarray], str] | None:
-    """Multi-turn runs: the tokenizer that turns an episode's last model turn into the text the strict check reads."""
-    if not rollout.multi_turn:
-        return None
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def build_rescorer(cfg: LearnerConfig, model: ModelConfig, generator: GeneratorConfig, model_path: str,
@@ -153,7 +128,7 @@ class LearnerService:
         self.metrics = MetricsWriter(self.run_dir, metrics_port, wandb_project,
                                      wandb_config=wandb_config) if self.rank == 0 else None
         self.timeline = Timeline(self.run_dir, name)
-        self.evaluator = (build_evaluator(evaluation, task, generator.rollout, self.run_dir, model_path)
+        self.evaluator = (build_evaluator(evaluation, task, generator.rollout.multi_turn, self.run_dir, model_path)
                           if self.rank == 0 else None)
         self.eval_pending: list[dict[str, Any]] = []  # finished evaluations not yet in a metrics line
         self.tokens_trained = 0
