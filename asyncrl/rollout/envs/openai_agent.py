@@ -43,7 +43,7 @@ import numpy as np
 from asyncrl.rollout import openai_server
 from asyncrl.rollout.env_loop import Failure
 from asyncrl.rollout.environment import Action, Observation, Step, Task
-from asyncrl.rollout.envs.tool_use import _CALL  # the Hermes/Qwen <tool_call> format, defined once
+from asyncrl.rollout.envs.tool_use import TOOL_CALL  # the Hermes/Qwen <tool_call> format, defined once there
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _MARK = "\u2063ASYNCRL\u2063"  # never in a real conversation
@@ -255,7 +255,7 @@ def parse_tool_calls(text: str, call_id: str) -> tuple[str | None, list[dict[str
     """The model's text -> (content, OpenAI tool_calls) for Hermes/Qwen <tool_call> JSON; text that does
     not parse stays content, with no calls."""
     calls = []
-    for k, raw in enumerate(_CALL.findall(text)):
+    for k, raw in enumerate(TOOL_CALL.findall(text)):
         try:
             call = json.loads(raw)
         except json.JSONDecodeError:
@@ -267,7 +267,7 @@ def parse_tool_calls(text: str, call_id: str) -> tuple[str | None, list[dict[str
             "name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
     if not calls:
         return text, []
-    return _CALL.sub("", text).strip() or None, calls
+    return TOOL_CALL.sub("", text).strip() or None, calls
 
 
 def _parse_request(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list | None]:

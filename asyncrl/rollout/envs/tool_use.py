@@ -23,7 +23,7 @@ from asyncrl.rollout.calculator import CalculatorError, calculate
 from asyncrl.rollout.environment import Action, Observation, Step, Task
 from asyncrl.rollout.sandbox import SandboxLimits, SandboxUnavailable, run_python
 
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 TOOLS = ("calculator", "python")
 
 
@@ -42,7 +42,7 @@ class ToolUse:
         return None
 
     def step(self, action: Action) -> Step:
-        calls = _CALL.findall(action.text)
+        calls = TOOL_CALL.findall(action.text)
         if not calls:
             return Step(reward=strict_score(action.text, self.spec), done=True)
         answers = [self._run(c) for c in calls[: self.max_calls]]
