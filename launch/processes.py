@@ -96,11 +96,19 @@ def _in_child(parent: int) -> None:
         os._exit(1)
 
 
+# Idle OpenMP threads spin a short while, then sleep (libgomp spins 300,000 turns by default; a user's own setting
+# wins). A run's services share the host's cores with each other and with whatever else runs there, and threads
+# that spin starve them. Measured on a 2-core VM (2026-12-04, the embedded default): beside a second run, 40 steps
+# did not finish in 300 s with the default spin, took 34 s with 10,000 and 17 s with OMP_WAIT_POLICY=PASSIVE;
+# alone, 200 steps took 24 s with the default and with 10,000, but 47 s with PASSIVE.
+CHILD_ENV_DEFAULTS = {"GOMP_SPINCOUNT": "10000"}
+
+
 def spawn(spec: ProcessSpec, log_dir: Path, cwd: str | None = None) -> Child:
     """`python -m spec.module` on this host, its output in log_dir/<name>.log (cwd: default this process's)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{spec.name}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+    env = {**CHILD_ENV_DEFAULTS, **os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
             [sys.executable, "-m", spec.module, *spec.args], stdout=logf, stderr=subprocess.STDOUT, env=env,
