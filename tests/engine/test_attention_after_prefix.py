@@ -42,7 +42,7 @@ def test_a_mixed_batch_in_one_call_equals_each_sequence_alone():
         new_rows.append(slots[cached:])
     cached_lens = [c for _, c in shapes]
     meta = AttentionMetadata(is_prefill=True, slot_mapping=torch.from_numpy(np.concatenate(new_rows)),
-                             seq_lens=[len(q) for q in new_q], cached_lens=cached_lens,
+                             seq_lens=[len(q) for q in new_q],
                              after_prefix=after_prefix_layout(contexts, cached_lens, torch.from_numpy))
     q = torch.cat(new_q)  # [num_tokens, heads, dim], packed in sequence order
     got = prefill_attention(q, None, None, meta, k_cache, v_cache, scale=DIM ** -0.5)

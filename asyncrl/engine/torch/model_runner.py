@@ -233,10 +233,9 @@ class ModelRunner:
             if not group.is_resume:
                 last_rows.append(total - 1)
         cached_lens = [g.num_cached for g in groups]
-        hit = any(cached_lens)
+        after_prefix = after_prefix_layout(context, cached_lens, self._to_device) if any(cached_lens) else None
         meta = AttentionMetadata(is_prefill=True, slot_mapping=self._array(slots), seq_lens=seq_lens,
-                                 cached_lens=cached_lens if hit else None,
-                                 after_prefix=after_prefix_layout(context, cached_lens, self._to_device) if hit else None)
+                                 after_prefix=after_prefix)
         return self._array(ids), self._array(positions), meta, last_rows
 
     def needs_truncation(self, seqs: list[Sequence]) -> bool:

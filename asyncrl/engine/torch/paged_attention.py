@@ -7,7 +7,7 @@ The portable path calls three functions per layer:
 
 * `store_kv`: write the new tokens' K/V into their slots (slot = block_id * block_size + offset).
 * `prefill_attention`: causal attention of each sequence's new tokens; in a batch where some sequence continues
-  a prefix cached before (a prefix-cache hit, `cached_lens`), every sequence attends to its whole context read
+  a prefix cached before (a prefix-cache hit), every sequence attends to its whole context read
   back from the cache, all in one padded, masked call (`AfterPrefix`).
 * `decode_attention`: one query token per sequence against its cached context, gathered by block table.
 """
@@ -30,7 +30,6 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # decode: [batch, max_blocks] int64, padded with 0
     context_lens: torch.Tensor | None = None  # decode: [batch] int64, cached tokens incl. the new one
     single_pass: bool = False  # decode: one pass over each context, never split (`kernels.attention.decode_attention`)
-    cached_lens: list[int] | None = None  # prefill: tokens of each sequence already in the cache; None: none
     after_prefix: AfterPrefix | None = None  # prefill with a cache hit in the batch: every sequence padded to one call
 
 
