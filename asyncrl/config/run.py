@@ -9,7 +9,7 @@ from asyncrl.config.launch import LaunchConfig
 from asyncrl.config.loader import load
 from asyncrl.evaluation.config import EvalConfig
 from asyncrl.generator.config import GeneratorConfig
-from asyncrl.learner.config import LearnerConfig
+from asyncrl.learner.config import LearnerConfig, rollout_correction_default
 from asyncrl.models.config import ModelConfig
 from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.reward.config import RewardConfig
@@ -56,6 +56,18 @@ class RunConfig:
                 f"(now {self.hub.max_uncommitted_steps}): the learner commits a step once its checkpoint is written, "
                 "up to two checkpoint intervals later; raise hub.max_uncommitted_steps or checkpoint more often"
             )
+
+        self._resolve_rollout_precision()
+
+    def _resolve_rollout_precision(self) -> None:
+        """FP8 rollouts need a bf16 model, and `learner.off_policy = "auto"` becomes their correction (tis)."""
+        if self.generator.weights_dtype != "fp8":
+            return
+        if self.model.dtype not in ("auto", "bfloat16"):  # auto: bfloat16 on a GPU (the engine checks the rest)
+            raise ValueError(f"generator.weights_dtype=\"fp8\" needs model.dtype=\"bfloat16\" (now "
+                             f"{self.model.dtype!r}): the fp8 matmuls write bfloat16; set model.dtype = \"bfloat16\"")
+        if self.learner.off_policy == "auto":
+            self.learner.off_policy = rollout_correction_default("fp8").off_policy
 
     @property
     def resolved_lora_push(self) -> str:

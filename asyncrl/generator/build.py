@@ -39,7 +39,7 @@ def build_engine(gen: GeneratorConfig, model: ModelConfig, device: str, model_pa
         from asyncrl.weights.transport import join_as_receiver
 
         return SGLangEngine(gen.sglang, logits_fp32=model.logits_fp32, lora=lora,  # adapters: sglang/lora.py
-                            adapter_channel=join_as_receiver)
+                            adapter_channel=join_as_receiver, weights_dtype=gen.weights_dtype)
     from asyncrl.engine.torch.engine import TorchEngine
 
     kv = gen.kv_cache_tokens
@@ -47,7 +47,8 @@ def build_engine(gen: GeneratorConfig, model: ModelConfig, device: str, model_pa
                        num_kv_blocks=-(-kv // KV_BLOCK_SIZE) if kv else None, kv_block_size=KV_BLOCK_SIZE,
                        seed=gen.seed, deterministic=gen.deterministic,
                        prefix_cache=gen.prefix_cache and not gen.deterministic,
-                       residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32, lora=lora)
+                       residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32, lora=lora,
+                       weights_dtype=gen.weights_dtype)
 
 
 KV_BLOCK_SIZE = 16  # tokens per KV block of the torch engine

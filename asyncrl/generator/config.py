@@ -40,6 +40,13 @@ class GeneratorConfig:
     so they equal the behaviour logprobs bit for bit for every token generated on the learner's current weights
     (importance weight exactly 1). Costs generation throughput at low load and, in the learner, an engine pass
     over every batch. Needs learner.off_policy other than "none" to change the learner."""
+    weights_dtype: Literal["model", "fp8"] = "model"
+    """Precision of the rollouts' matmuls. model: model.dtype. fp8: e4m3 weights with a scale per output channel
+    and inputs quantized per token for every projection (norms, embeddings and the lm_head stay in model.dtype),
+    re-quantized from each pushed version: torch engine on a GPU of compute capability >= 8.9 (CPU for tests);
+    SGLang: the server must run with --quantization fp8. The learner stays in model.dtype, and learner.off_policy
+    = "auto" then truncates the importance weight (docs/algorithms.md, "FP8 rollouts"). docs/engine-perf.md has
+    its speed."""
     prefix_cache: bool = True
     """Torch engine: keep the KV of full 16-token pages after a request ends and reuse it for a later request whose
     tokens start the same way, computed by the same weights (a weight update forgets every page): an episode's

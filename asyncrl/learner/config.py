@@ -61,9 +61,9 @@ ROLLOUT_CORRECTION = {"bf16": RolloutCorrection("decoupled", 2.0, "token"),
 
 
 def rollout_correction_default(weights_dtype: str) -> RolloutCorrection:
-    """Hook for a future `generator.weights_dtype` (no such field yet): once it exists, an `"auto"` value of
-    `learner.off_policy` should resolve through this in the run config. Until then the learner's defaults are
-    the bf16 row."""
+    """The row of `ROLLOUT_CORRECTION` for a generator.weights_dtype ("model" rollouts are the bf16 row). The run
+    config resolves `learner.off_policy = "auto"` through it; a learner config alone resolves "auto" as "model"."""
+    weights_dtype = "bf16" if weights_dtype == "model" else weights_dtype
     if weights_dtype not in ROLLOUT_CORRECTION:
         raise ValueError(f"weights_dtype={weights_dtype!r}: known rollout precisions are {sorted(ROLLOUT_CORRECTION)}")
     return ROLLOUT_CORRECTION[weights_dtype]
@@ -138,8 +138,10 @@ class LearnerConfig:
     """The k3 KL term is clamped to [-kl_clamp, kl_clamp] per token (verl: 10); 0 disables."""
     kl_in_reward: bool = False
     """reinforce_pp / ppo: put the KL (k1) into the per-token reward instead of a k3 loss term."""
-    off_policy: Literal["decoupled", "tis", "none"] = "decoupled"
-    """Correction for samples made by an older policy. decoupled: clip around the proximal policy (the
+    off_policy: Literal["auto", "decoupled", "tis", "none"] = "auto"
+    """Correction for samples made by an older policy or another precision. auto: the rollouts' precision picks
+    (`ROLLOUT_CORRECTION`: "decoupled" for model-dtype rollouts, "tis" for generator.weights_dtype = "fp8").
+    decoupled: clip around the proximal policy (the
     learner's weights before this step) and weight by w = pi_prox / pi_behav, dropping tokens whose weight
     exceeds `importance_cap` (masked IS; also below `correction.low`); tis: the same ratio, weight truncated
     to min(w, importance_cap); none: the behaviour logprobs are the PPO "old" policy and no proximal forward
@@ -296,6 +298,11 @@ class LearnerConfig:
         if self.filter_refill != "auto":
             return self.filter_refill
         return self.recipe.filter_refill and self.resolved_filter_groups == "accuracy"
+
+    @property
+    def resolved_off_policy(self) -> str:
+        """off_policy with "auto" resolved for model-dtype rollouts (the run config sets fp8 runs' itself)."""
+        return rollout_correction_default("model").off_policy if self.off_policy == "auto" else self.off_policy
 
     @property
     def resolved_ratio_level(self) -> str:

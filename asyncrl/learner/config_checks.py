@@ -77,7 +77,7 @@ def _check_off_policy(c: Checked) -> None:
         raise ValueError(f"learner.importance_cap={c.importance_cap}: must be >= 1 (typical 2-5)")
     if c.mini_batches < 1:
         raise ValueError(f"learner.mini_batches={c.mini_batches}: must be >= 1")
-    if c.correction.low > 0.0 and c.off_policy != "decoupled":
+    if c.correction.low > 0.0 and c.resolved_off_policy != "decoupled":
         raise ValueError(f"learner.correction.low={c.correction.low} bounds the masked weight of off_policy = "
                          f"\"decoupled\", not {c.off_policy!r} (tis truncates from above only); set it to 0")
     if c.correction.level != "token" and c.off_policy == "none":

@@ -280,7 +280,7 @@ class Trainer:
         assert prox_logp is not None, "the old pass returns proximal logprobs unless the update supplies them"
         cfg = self.cfg
         is_weights, is_dropped = losses.importance_weights(
-            prox_logp, mb.behav_logp, cfg.off_policy, cfg.importance_cap, low=cfg.correction.low,
+            prox_logp, mb.behav_logp, cfg.resolved_off_policy, cfg.importance_cap, low=cfg.correction.low,
             level=cfg.correction.level, seq_lens=mb.seq_lens, mask=mb.mask)
         return LossInputs(mask=mb.mask, agg_weights=mb.agg_weights, seq_lens=mb.seq_lens, behav_logp=mb.behav_logp,
                           advantages=advantages[0], old_logp=prox_logp, is_weights=is_weights, is_dropped=is_dropped,

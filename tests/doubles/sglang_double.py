@@ -77,6 +77,7 @@ class DoubleConfig:
     block_timeout_s: float = 20.0  # longest any request waits on pause / writer lock / idle
     seed: int = 0
     enable_fp32_lm_head: bool = False  # --enable-fp32-lm-head (reported by /server_info, like every server arg)
+    quantization: str | None = None  # --quantization (e.g. "fp8"; None: the checkpoint's dtype)
     load_format: str = "dummy"  # --load-format, reported by /model_info ("dummy": random weights until a push)
     enable_lora: bool = False  # --enable-lora (LoRA serving: sglang_double_lora.py)
     max_lora_rank: int | None = None  # --max-lora-rank (None: inferred from --lora-paths, i.e. not checked)
@@ -385,7 +386,7 @@ class SGLangDouble:
         c = self.config
         return 200, {"tp_size": c.tp_size, "dp_size": 1, "context_length": c.context_len,
                      "skip_tokenizer_init": c.skip_tokenizer_init, "weight_version": self.version,
-                     "enable_fp32_lm_head": c.enable_fp32_lm_head, "enable_lora": c.enable_lora,
+                     "enable_fp32_lm_head": c.enable_fp32_lm_head, "quantization": c.quantization, "enable_lora": c.enable_lora,
                      "max_lora_rank": c.max_lora_rank, "max_loras_per_batch": c.max_loras_per_batch,
                      "lora_target_modules": list(c.lora_target_modules) if c.lora_target_modules else None,
                      "version": "0.5.23" if c.version_mode == "0.5.23" else "0.5.20"}  # fmt: skip

@@ -182,11 +182,19 @@ def test_correction_is_set_from_the_run_config():
 
 
 def test_rollout_precision_defaults():
-    """bf16 rollouts keep the learner's defaults; FP8 rollouts (no generator.weights_dtype yet) call for token
-    TIS with C = 2."""
-    bf16, default = rollout_correction_default("bf16"), LearnerConfig()
-    assert (bf16.off_policy, bf16.importance_cap, bf16.level) == (default.off_policy, default.importance_cap,
+    """Model-dtype rollouts keep the learner's defaults; FP8 rollouts call for token TIS with C = 2, and the run
+    config gives it to them when learner.off_policy is left "auto" (a user's own choice stays)."""
+    bf16, default = rollout_correction_default("model"), LearnerConfig()
+    assert default.off_policy == "auto"
+    assert (bf16.off_policy, bf16.importance_cap, bf16.level) == (default.resolved_off_policy, default.importance_cap,
                                                                   default.correction.level)
     assert tuple(rollout_correction_default("fp8")) == ("tis", 2.0, "token")
     with pytest.raises(ValueError, match="weights_dtype"):
         rollout_correction_default("int4")
+    fp8 = {"model": {"dtype": "bfloat16"}, "generator": {"weights_dtype": "fp8"}}
+    assert from_dict(RunConfig, fp8).learner.resolved_off_policy == "tis"
+    assert from_dict(RunConfig, {"generator": {"weights_dtype": "model"}}).learner.resolved_off_policy == "decoupled"
+    kept = from_dict(RunConfig, {**fp8, "learner": {"off_policy": "decoupled"}})
+    assert kept.learner.off_policy == "decoupled"
+    with pytest.raises(ValueError, match='model.dtype="bfloat16"'):
+        from_dict(RunConfig, {"generator": {"weights_dtype": "fp8"}, "model": {"dtype": "float32"}})

@@ -54,6 +54,7 @@ from asyncrl.engine.sglang.generate import (
     version_number,
     with_cache_key,
 )
+from asyncrl.engine.sglang.server_checks import check_logits, check_weights_dtype
 from asyncrl.engine.sglang.lora import JoinChannel, Lease, SGLangAdapters
 from asyncrl.engine.torch.adapter_merge import LoraSpec
 from asyncrl.engine.sglang.weights import INCOMPLETE, SGLangWeightSync
@@ -75,8 +76,9 @@ class _Job:
 
 class SGLangEngine:
     def __init__(self, config: SGLangConfig, *, logits_fp32: bool = False, lora: LoraSpec | None = None,
-                 adapter_channel: JoinChannel | None = None) -> None:
+                 adapter_channel: JoinChannel | None = None, weights_dtype: str = "model") -> None:
         """logits_fp32: the learner computes fp32 logits (ModelConfig.logits_fp32); the server must too.
+        weights_dtype: "fp8" needs a server started with --quantization fp8, "model" one without (server_checks.py).
         lora: adapter pushes (learner.lora_push = "adapter"): this process receives each version's adapters and
         the server applies them through its LoRA serving (lora.py); ValueError when the server cannot.
         adapter_channel: how this process joins the weight group to receive them (lora.JoinChannel)."""
@@ -84,12 +86,14 @@ class SGLangEngine:
         self._http = SGLangHTTP(config.base_url, config.api_key)
         model_info = self._model_info()
         label = str(model_info.get("weight_version"))
-        self._check_logits(logits_fp32)
+        info = self._server_info()
+        check_logits(info, logits_fp32, config.base_url)
+        check_weights_dtype(info, weights_dtype, config.base_url)
         self._weights = SGLangWeightSync(self._http, config, label)
         if self._weights.recover():
             label = INCOMPLETE
             model_info = model_info | {"weight_version": label}
-        self._lora = (SGLangAdapters(self._http, config, lora, self._server_info(), model_info, adapter_channel)
+        self._lora = (SGLangAdapters(self._http, config, lora, info, model_info, adapter_channel)
                       if lora else None)
         self._version = version_number(label)
         self._cache_key = _cache_key(self._version)
@@ -438,17 +442,6 @@ class SGLangEngine:
                         f"{e} (waited {self.config.startup_wait_s:g} s; raise sglang.startup_wait_s if it is still starting)"
                     ) from e
                 time.sleep(0.5)
-
-    def _check_logits(self, logits_fp32: bool) -> None:
-        """The server rounds its logits as the learner does: --enable-fp32-lm-head <=> model.logits_fp32
-        (/server_info lists every server argument; a server without the argument has model-dtype logits)."""
-        served = bool(self._server_info().get("enable_fp32_lm_head", False))
-        if served != logits_fp32:
-            raise ValueError(
-                f"model.logits_fp32={str(logits_fp32).lower()} but the SGLang server at {self.config.base_url} runs "
-                f"{'with' if served else 'without'} --enable-fp32-lm-head: the learner's logprobs would be computed "
-                f"from other logits than the samples'; {'restart the server with --enable-fp32-lm-head' if logits_fp32 else 'restart it without the flag'} "
-                f"or set model.logits_fp32 = {str(served).lower()}")
 
     def _server_tp_size(self) -> int:
         if self._tp_size is None:

@@ -38,6 +38,7 @@ from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.kv_cache import KVCache
 from asyncrl.engine.torch.adapter_merge import AdapterMerge, LoraSpec
 from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights
+from asyncrl.engine.torch.model.fp8 import fp8_weights
 from asyncrl.engine.torch.model_runner import ModelRunner
 from asyncrl.engine.protocol import (
     EngineLimits,
@@ -77,6 +78,7 @@ class TorchEngine:
         logits_fp32: bool = False,
         prefix_cache: bool = False,
         lora: LoraSpec | None = None,
+        weights_dtype: str = "model",
     ) -> None:
         """model_path: a Hugging Face causal-LM folder. dtype: "auto" (bfloat16 on CUDA, float32 on
         CPU), a name or a torch.dtype. num_kv_blocks: KV cache size in blocks of `kv_block_size`
@@ -93,7 +95,8 @@ class TorchEngine:
         lm_head's output in fp32 (the learner must do the same: ModelConfig.residual_fp32 / logits_fp32).
         prefix_cache: reuse the KV of full pages across requests, within one weight version (`prefix_cache`; not in
         deterministic mode, where a hit would make a sample's numbers depend on what ran before). lora: updates
-        may carry LoRA adapters only, applied from a kept pristine base (adapter_merge.py)."""
+        may carry LoRA adapters only, applied from a kept pristine base (adapter_merge.py). weights_dtype: "model"
+        (matmuls in `dtype`) or "fp8" (e4m3 images of every projection, re-quantized at each update: model/fp8.py)."""
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
             if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
@@ -104,7 +107,7 @@ class TorchEngine:
         model.model.residual_fp32 = residual_fp32
         model.logits_fp32 = logits_fp32
         self._setup(model, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len, seed,
-                    weight_version, cuda_graphs, deterministic, overlap, prefix_cache, lora)
+                    weight_version, cuda_graphs, deterministic, overlap, prefix_cache, lora, weights_dtype)
 
     @classmethod
     def from_model(cls, model: CausalLM, **options) -> TorchEngine:
@@ -124,7 +127,8 @@ class TorchEngine:
         return self
 
     def _setup(self, model: CausalLM, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len,
-               seed, weight_version, cuda_graphs, deterministic, overlap, prefix_cache, lora=None) -> None:
+               seed, weight_version, cuda_graphs, deterministic, overlap, prefix_cache, lora=None,
+               weights_dtype="model") -> None:
         if max_running < 1 or max_prefill_tokens < 1:
             raise ValueError(f"max_running={max_running}, max_prefill_tokens={max_prefill_tokens}: both must be >= 1")
         if deterministic and (overlap or prefix_cache):
@@ -133,6 +137,7 @@ class TorchEngine:
         self.model = model
         model.fuse_projections()
         self.adapters = AdapterMerge(model, lora) if lora else None  # before the KV cache takes the free memory
+        self.fp8 = fp8_weights(model, weights_dtype)  # so do the fp8 images
         self.arch = self.model.cfg
         self.deterministic = deterministic
         self.max_model_len = min(max_model_len or self.arch.max_position_embeddings, self.arch.max_position_embeddings)
@@ -270,6 +275,8 @@ class TorchEngine:
             raise RuntimeError("end_weight_update() without begin_weight_update()")
         if self.adapters:
             self.adapters.apply(self.model)
+        if self.fp8:
+            self.fp8.refresh()
         self._updating = False
         self._version = int(version)
         self.blocks.new_weights()

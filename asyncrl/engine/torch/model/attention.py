@@ -9,6 +9,7 @@ from torch import nn
 
 from asyncrl.engine.torch import kernels
 from asyncrl.engine.torch.model.config import ArchConfig
+from asyncrl.engine.torch.model.fp8 import Fp8Linear
 from asyncrl.engine.torch.model.layers import (
     RMSNorm,
     RotaryEmbedding,
@@ -37,6 +38,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+        self.qkv_fp8: Fp8Linear | None = None  # fp8 images of qkv and o_proj (FP8 rollouts: fp8.py)
+        self.o_fp8: Fp8Linear | None = None
 
     def fuse(self) -> None:
         """One [q + k + v, hidden] projection; q_proj / k_proj / v_proj parameters become views of it."""
@@ -50,7 +53,8 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
             sizes = [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d]
-            q, k, v = F.linear(x, *self.qkv).split(sizes, -1)
+            qkv = self.qkv_fp8(x) if self.qkv_fp8 is not None else F.linear(x, *self.qkv)  # [n, q + k + v]
+            q, k, v = qkv.split(sizes, -1)
         return q.view(n, self.num_heads, d), k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
 
     def forward(
@@ -85,4 +89,5 @@ class Attention(nn.Module):
                 out = prefill_attention(q, k, v, meta, k_cache, v_cache, self.scale)
             else:
                 out = decode_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        out = out.reshape(n, self.num_heads * self.head_dim)
+        return self.o_fp8(out) if self.o_fp8 is not None else self.o_proj(out)

@@ -6,6 +6,8 @@ engine's logprobs match a Hugging Face forward of the same weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -92,6 +94,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.gate_up_fp8: Callable[[torch.Tensor], torch.Tensor] | None = None  # fp8 images (FP8 rollouts: fp8.py)
+        self.down_fp8: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def fuse(self) -> None:
         if self.gate_up is None:
@@ -100,11 +104,13 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate_up = F.linear(x, *self.gate_up)  # [num_tokens, 2 * inter]
+        gate_up = self.gate_up_fp8(x) if self.gate_up_fp8 is not None else F.linear(x, *self.gate_up)  # [n, 2 * inter]
         if kernels.ops.enabled(gate_up) and gate_up.dim() == 2:
-            return self.down_proj(kernels.ops.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            h = kernels.ops.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = F.silu(gate) * up  # [n, inter]
+        return self.down_fp8(h) if self.down_fp8 is not None else self.down_proj(h)
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
