@@ -6,6 +6,7 @@ random prompts, in one process, seeded and warmed up. One JSON line per (shape, 
     python -m bench.generation                                  # all shapes, batch 64 and 256
     python -m bench.generation --shapes 0.5b --batches 256      # the headline case only
     python -m bench.generation --skip-hf                        # engine only (no ratio)
+    python -m bench.generation --weights-dtypes model,fp8       # bf16 and FP8 rollouts in one run
     python -m bench.generation --rl --shapes 0.5b               # the RL-shaped case (bench/rl_workload.py)
     python -m bench.generation --rl --shapes tiny --rl-groups 2 --rl-n 4 --prompt-len 32 --rl-max-new 48   # CPU
 
@@ -144,15 +145,31 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 20 / (start.elapsed_time(end) / 1e3)
 
 
-def weight_bytes(model) -> int:
-    """Bytes of the weights a decode step reads (the tied embedding once, as the lm_head)."""
+def weight_bytes(model, fp8=None) -> int:
+    """Bytes of the weights a decode step reads (the tied embedding once, as the lm_head); with `fp8` (the
+    engine's Fp8Weights) its images replace the projections they stand for."""
     seen, total = set(), 0
     for name, p in model.named_parameters():
         if p.data_ptr() in seen or name.endswith("embed_tokens.weight") and not model.cfg.tie_word_embeddings:
             continue
         seen.add(p.data_ptr())
         total += p.numel() * p.element_size()
+    if fp8 is not None:
+        total += fp8.nbytes - sum(lin.source.numel() * lin.source.element_size() for lin in fp8.linears)
     return total
+
+
+def refresh_ms(eng, repeats: int = 5) -> float:
+    """Median wall time of an empty weight update on an fp8 engine: the re-quantization every push costs."""
+    times = []
+    for _ in range(repeats):
+        sync(eng.device)
+        t0 = time.perf_counter()
+        eng.begin_weight_update()
+        eng.end_weight_update(eng.weight_version)
+        sync(eng.device)
+        times.append(time.perf_counter() - t0)
+    return round(1e3 * float(np.median(times)), 2)
 
 
 def graph_times(eng, batch_prompts, output_len: int, size: int) -> dict:
@@ -235,21 +252,22 @@ def bench_case(
     shape: str, batch: int, prompt_len: int, output_len: int, bw: float, skip_hf: bool, profile: bool = False,
     deterministic: bool = False, overlap: bool | None = None, trace: str = "", max_prefill_tokens: int = 16384,
     kv_block_size: int = 16, dtype: str = "bfloat16", residual_fp32: bool = False, logits_fp32: bool = False,
+    weights_dtype: str = "model",
 ) -> dict:
     max_len = prompt_len + output_len + 16
     hf = build_hf(shape, max_len, dtype=getattr(torch, dtype))
     eng = make_engine(hf, batch, max_len, deterministic=deterministic, overlap=overlap,
                       max_prefill_tokens=max_prefill_tokens, kv_block_size=kv_block_size, residual_fp32=residual_fp32,
-                      logits_fp32=logits_fp32)
+                      logits_fp32=logits_fp32, weights_dtype=weights_dtype)
     kv_per_token = 2 * eng.arch.num_layers * eng.arch.num_kv_heads * eng.arch.head_dim * 2
     run_engine(eng, prompts(batch, prompt_len, seed=1), 8)  # warm-up: prefill shapes, graphs, kernels
     wall, outs, dec = run_engine(eng, prompts(batch, prompt_len, seed=2), output_len)
     assert len(outs) == batch and all(len(o.token_ids) == output_len for o in outs)
-    wbytes = weight_bytes(eng.model)
+    wbytes = weight_bytes(eng.model, eng.fp8)
     ideal = sum(wbytes + ctx * kv_per_token for ctx in dec["ctx_tokens"]) / bw
     row = {
         "bench": "generation", "shape": shape, "batch": batch, "prompt_len": prompt_len, "output_len": output_len,
-        "dtype": dtype, "residual_fp32": residual_fp32,
+        "dtype": dtype, "weights_dtype": weights_dtype, "residual_fp32": residual_fp32,
         "logits_fp32": logits_fp32, "engine_tok_s": round(batch * output_len / wall, 1), "engine_wall_s": round(wall, 3),
         "decode_step_ms": round(1e3 * dec["decode_s"] / max(dec["decode_steps"], 1), 3),
         "other_steps_s": round(wall - dec["decode_s"], 3),  # the steps with a prefill, and the last read-back
@@ -258,6 +276,8 @@ def bench_case(
         "overlap": eng.overlap, "max_prefill_tokens": max_prefill_tokens, "kv_block_size": kv_block_size,
     }
     row.update(graph_times(eng, prompts(batch, prompt_len, seed=5), output_len, batch))
+    if eng.fp8 is not None:
+        row["fp8_refresh_ms"] = refresh_ms(eng)
     if profile:
         row.update(profile_parts(eng, batch, prompt_len + output_len // 2))
     if trace:
@@ -285,7 +305,8 @@ def trace_run(eng, batch_prompts, output_len: int, path: str) -> None:
     prof.export_chrome_trace(path)
 
 
-def rl_case(shape: str, groups: int, n: int, prompt_len: int, max_new: int, skip_hf: bool) -> dict:
+def rl_case(shape: str, groups: int, n: int, prompt_len: int, max_new: int, skip_hf: bool,
+            weights_dtype: str = "model") -> dict:
     """The RL-shaped case: engine and HF `generate` on the same RLWorkload, credited with its useful tokens."""
     from bench.rl_workload import rl_workload
 
@@ -293,14 +314,14 @@ def rl_case(shape: str, groups: int, n: int, prompt_len: int, max_new: int, skip
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     work = rl_workload(groups, n, prompt_len, max_new, VOCAB, seed=2)
     hf = build_hf(shape, prompt_len + max_new + 16, dtype=dtype, device=device)
-    eng = make_engine(hf, groups * n, prompt_len + max_new + 16)
+    eng = make_engine(hf, groups * n, prompt_len + max_new + 16, weights_dtype=weights_dtype)
     warm = rl_workload(groups, n, prompt_len, min(max_new, 8), VOCAB, seed=1)
     run_engine(eng, warm.prompts, warm.lengths)
     wall, outs, _ = run_engine(eng, work.prompts, work.lengths)
     assert sorted(len(o.token_ids) for o in outs) == sorted(work.lengths)
     eng.close()
     row = {"bench": "generation", "case": "rl", "shape": shape, **work.summary(), "dtype": str(dtype).split(".")[1],
-           "engine_tok_s": round(work.useful_tokens / wall, 1), "engine_wall_s": round(wall, 3)}
+           "weights_dtype": weights_dtype, "engine_tok_s": round(work.useful_tokens / wall, 1), "engine_wall_s": round(wall, 3)}
     if not skip_hf:
         run_hf(hf, [p[:16] for p in work.prompts], 4)  # warm-up
         hf_wall = run_hf(hf, work.prompts, max(work.lengths))  # the batch runs until its longest row ends
@@ -342,6 +363,8 @@ def main() -> None:
                         "turn (kernels.ops.PDL: 0 off, 1 on); default: the engine's")
     parser.add_argument("--dtypes", default="bfloat16", help="comma list of model dtypes to run in turn "
                         "(bfloat16, float16)")
+    parser.add_argument("--weights-dtypes", default="model", help="comma list of generator.weights_dtype settings "
+                        "to run in turn (model, fp8); Hugging Face runs once, beside the first")
     parser.add_argument("--residual-fp32", default="0", help="comma list of 0/1: model.residual_fp32 settings "
                         "to run in turn")
     parser.add_argument("--logits-fp32", default="0", help="comma list of 0/1: model.logits_fp32 settings "
@@ -352,9 +375,11 @@ def main() -> None:
         if args.shapes != "tiny":
             require_cuda("bench.generation --rl (shapes other than tiny)")
         prompt_len = args.prompt_len if args.prompt_len != 256 else 512
-        for shape in args.shapes.split(","):
-            print(json.dumps(rl_case(shape, args.rl_groups, args.rl_n, prompt_len, args.rl_max_new, args.skip_hf)),
-                  flush=True)
+        weights = args.weights_dtypes.split(",")
+        for shape, wd in itertools.product(args.shapes.split(","), weights):
+            row = rl_case(shape, args.rl_groups, args.rl_n, prompt_len, args.rl_max_new, args.skip_hf or wd != weights[0],
+                          wd)
+            print(json.dumps(row), flush=True)
         return
     require_cuda("bench.generation")
     from asyncrl.engine.torch import kernels
@@ -366,11 +391,14 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for _ in range(args.repeats):
-                for mode, dtype, r32, l32 in itertools.product(modes, args.dtypes.split(","), residual, logits32):
+                weights = args.weights_dtypes.split(",")
+                for mode, dtype, r32, l32, wd in itertools.product(modes, args.dtypes.split(","), residual, logits32,
+                                                                   weights):
                     kernels.ops.PDL = mode
-                    row = bench_case(shape, batch, args.prompt_len, args.output_len, bw, args.skip_hf, args.profile,
+                    row = bench_case(shape, batch, args.prompt_len, args.output_len, bw,
+                                     args.skip_hf or wd != weights[0], args.profile,
                                      args.deterministic, False if args.no_overlap else None, args.trace,
-                                     args.max_prefill_tokens, args.kv_block_size, dtype, r32, l32)
+                                     args.max_prefill_tokens, args.kv_block_size, dtype, r32, l32, wd)
                     print(json.dumps({**row, "pdl": mode}), flush=True)
 
 
