@@ -1,45 +1,45 @@
 """Atomic learner checkpoints: model, optimizer, scheduler, RNG states, step, policy version and an
 opaque `extra` dict (the hub's commit point, data cursor).
 
-Only trained parameters are saved: frozen ones (requires_grad False: with LoRA the whole base, see lora.py)
-are the model folder's own and are left out of model.pt, so a LoRA checkpoint holds the adapters and their
-optimizer state alone (+ scheduler, RNG, step, version, extra). Loading checks that model.pt holds exactly
-the model's trained parameters.
+Only trained parameters are saved: frozen ones (requires_grad False: with LoRA the whole base, see lora.py) are
+the model folder's own, so a LoRA checkpoint holds the adapters and their optimizer state alone (+ scheduler,
+RNG, step, version, extra). Loading checks that the model files hold exactly the model's trained parameters.
 
-Layout: <run_dir>/checkpoints/step-00000042/{model.pt, optimizer.pt, scheduler.pt, rng-rank<r>.pt,
-meta.json}. A checkpoint is written under `.tmp-step-...`, every file fsynced, meta.json written last,
-then the folder is renamed into place and the parent fsynced; a crash leaves only a `.tmp-*` folder,
-which `latest_checkpoint` ignores (and the next save of that step replaces).
+Layout: <run_dir>/checkpoints/step-00000042/{model.pt, model-1.pt, .., optimizer.pt, optimizer-1.pt, ..,
+scheduler.pt, rng-rank<r>.pt, meta.json}: model.pt whole on one file thread, the optimizer's "state" split by
+parameter into contiguous runs of about equal bytes, one per other thread (`CheckpointWriter(writers=4)`), all
+written at once, and rebuilt (keys in order) from meta.json's "files" (absent: one file each, as before). All is
+written under `.tmp-step-...`, each file paced to disk (durable.PacedFile, PACE_BYTES / writers: the threads
+together keep at most PACE_BYTES unsynced) and fsynced; once every thread is done meta.json, then the folder
+is renamed into place and the parent fsynced. A crash leaves a `.tmp-*` folder, which `latest_checkpoint`
+ignores (the next save of that step replaces it).
 
-With FSDP2 the state is gathered to rank 0 through torch.distributed.checkpoint's state-dict API
-(`get_state_dict(full_state_dict=True, cpu_offload=True)`) and loaded back with `broadcast_from_rank0`:
-one plain file per component, readable without torch.distributed and loadable with any world size.
-(The trade-off: rank 0 holds the whole fp32 model + optimizer state in CPU memory while saving; for
-models past tens of billions of parameters a sharded `dcp.save` layout would be the next step.)
-Assumes a filesystem shared by the learner ranks (one host, or a network mount).
+With FSDP2 the state is gathered to rank 0 (`get_state_dict(full_state_dict=True, cpu_offload=True)`), loaded
+back with `broadcast_from_rank0`: plain files, loadable with any world size (rank 0 holds the whole fp32 state in
+CPU memory; past tens of billions of parameters, a sharded `dcp.save` layout). Assumes a filesystem shared by the ranks.
 
-Non-blocking saves (`CheckpointWriter.save(background=True)`): the learner stalls only for the snapshot —
-the state dict is gathered (a collective) and copied into pinned host buffers that are kept for the next
-save (one DMA copy per tensor, ~50 GB/s on an H200 host; the first save also allocates them) — then a
-background thread, which touches no GPU, writes and fsyncs the files and renames the folder into place.
-At most one write is in flight: a checkpoint due while the previous one is still being written is skipped
-(logged), never waited for; the learner waits only where the hub's commit window would run out (see
-learner/service.py) and for the final checkpoint. A crash during the background write leaves only a
-`.tmp-*` folder: the previous checkpoint stays the latest. The learner reports a step as committed to the
-hub only once its checkpoint is on disk (`CheckpointWriter.finished`).
+Non-blocking saves (`save(background=True)`): the learner stalls only for the snapshot — the state dict gathered
+(a collective), copied into pinned host buffers kept for the next save (~50 GB/s on an H200 host) — then a
+thread, touching no GPU, writes and renames. At most one write is in flight: one due while the previous is being
+written is skipped (logged), never waited for; the learner waits only where the hub's commit window would run
+out (learner/service.py) and at the end of the run, and commits a step once it is on disk (`finished`).
 
     learner thread:  train k ─ snapshot(k) ─ train k+1 ─ train k+2 ─ finished() -> [k] -> CommitStep(k)
-    writer thread:                 └─ write, fsync, rename ─┘
+    writer thread:                 └─ N file threads: write, fsync ─ meta.json, rename ─┘
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
 import shutil
 import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,17 +47,17 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 
-from asyncrl.durable import PacedFile, fsync_dir, write_synced
+from asyncrl.durable import PACE_BYTES, PacedFile, fsync_dir, replace_dir, write_synced
 from asyncrl.learner import fsdp
 
+log = logging.getLogger(__name__)
+
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+WRITERS = 4  # file threads per checkpoint
+PROGRESS_EVERY_S = 2.0
 
 
 @dataclass(slots=True)
@@ -66,33 +66,28 @@ class CheckpointMeta:
     policy_version: int
     extra: dict[str, Any] = field(default_factory=dict)
     world_size: int = 1
+    files: dict[str, list[str]] = field(default_factory=dict)  # "model" / "optimizer" -> its files, in order
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The complete checkpoint with the highest step (a folder with meta.json), or None."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return None
-    done = [(int(m.group(1)), p) for p in root.iterdir()
-            if (m := _STEP_DIR.match(p.name)) and (p / "meta.json").is_file()]
-    return max(done)[1] if done else None
+    done = _complete(Path(run_dir) / "checkpoints")
+    return done[-1][1] if done else None
 
 
-def save_checkpoint(run_dir: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, step: int, policy_version: int, extra: dict[str, Any],
-                    keep: int = 0) -> Path:
-    """Collective under FSDP (every rank calls it); returns once the checkpoint is on disk."""
-    writer = CheckpointWriter()
-    writer.save(run_dir, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
-                policy_version=policy_version, extra=extra, keep=keep, background=False)
-    writer.wait()
-    return Path(run_dir) / "checkpoints" / f"step-{step:08d}"
+def _complete(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint under `root`, by step."""
+    return sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ())
+                  if (m := _STEP_DIR.match(p.name)) and (p / "meta.json").is_file())
 
 
 class CheckpointWriter:
     """Writes checkpoints, at most one in the background at a time (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, writers: int = WRITERS) -> None:
+        if writers < 1:
+            raise ValueError(f"CheckpointWriter(writers={writers}): must be >= 1")
+        self.writers, self._next_label = writers, ""  # the label of the next write (announce_next)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._finished: list[tuple[int, Path]] = []
@@ -123,8 +118,11 @@ class CheckpointWriter:
         if info.rank == 0:
             state = self._stage({"model.pt": msd, "optimizer.pt": osd, "scheduler.pt": scheduler.state_dict()},
                                 clone=not multi)  # the keys `reserve` allocates under
-            meta = {"step": step, "policy_version": policy_version, "extra": extra, "world_size": info.world_size}
-            job = (state, meta, tmp, root / f"step-{step:08d}", keep)
+            jobs, files = _deal(state, self.writers)
+            meta = {"step": step, "policy_version": policy_version, "extra": extra, "world_size": info.world_size,
+                    "files": files}
+            label, self._next_label = self._next_label, ""
+            job = (jobs, meta, tmp, root / f"step-{step:08d}", keep, label)
             if background:
                 self._thread = threading.Thread(target=self._run, args=job, name="checkpoint-writer", daemon=True)
                 self._thread.start()
@@ -133,6 +131,11 @@ class CheckpointWriter:
         if not background:
             fsdp.barrier()  # every rank returns with the checkpoint in place
         return True
+
+    def announce_next(self, label: str) -> None:
+        """The next save's write logs its progress every PROGRESS_EVERY_S ("final checkpoint: 2.1/6.0 GB, 4 s")
+        and its end under `label` (rank 0; call on the learner thread)."""
+        self._next_label = label
 
     @property
     def busy(self) -> bool:
@@ -188,20 +191,88 @@ class CheckpointWriter:
             buf = self._pinned[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         return buf
 
-    def _run(self, state: dict[str, Any], meta: dict[str, Any], tmp: Path, final: Path, keep: int) -> None:
-        """Disk only (the state is already in host memory): write, fsync, rename, prune."""
+    def _run(self, jobs: list[list[tuple[str, Any]]], meta: dict[str, Any], tmp: Path, final: Path, keep: int,
+             label: str) -> None:
+        """Disk only (the state is already in host memory): one thread per job writes and fsyncs its files;
+        once all have, meta.json, rename, prune."""
         try:
-            for name, obj in state.items():
-                _write(tmp / name, obj)
+            self._write_parallel(jobs, tmp, label)
             write_synced(tmp / "meta.json", json.dumps(meta, indent=1).encode())
             fsync_dir(tmp)
-            _replace_dir(tmp, final)
+            replace_dir(tmp, final)
             _prune(final.parent, keep)
             with self._lock:
                 self._finished.append((meta["step"], final))
         except BaseException as e:  # noqa: BLE001 - handed to the learner thread by finished()
             with self._lock:
                 self._error = e
+
+    def _write_parallel(self, jobs: list[list[tuple[str, Any]]], tmp: Path, label: str) -> None:
+        """Every job's files written, each job on its own thread; with `label`, progress logged meanwhile.
+        Raises the first failure, once every thread has stopped."""
+        total = sum(_nbytes(obj) for job in jobs for _, obj in job)
+        written = [0] * len(jobs)  # bytes per job, each slot added to by its own thread only
+        pace, t0 = max(PACE_BYTES // len(jobs), 8 << 20), time.monotonic()
+
+        def write_job(i: int) -> None:
+            def count(n: int) -> None:
+                written[i] += n
+            for name, obj in jobs[i]:
+                _write(tmp / name, _Part(obj, pace, count))
+
+        with futures.ThreadPoolExecutor(len(jobs), thread_name_prefix="checkpoint-file") as pool:
+            running = [pool.submit(write_job, i) for i in range(len(jobs))]
+            while futures.wait(running, PROGRESS_EVERY_S, futures.FIRST_EXCEPTION).not_done:
+                if any(f.done() and f.exception() is not None for f in running):
+                    break
+                if label:
+                    log.info("%s: %.1f/%.1f GB, %.0f s", label, min(sum(written), total) / 1e9, total / 1e9,
+                             time.monotonic() - t0)
+        for f in running:
+            f.result()  # the first failure, raised
+        if label:
+            log.info("%s: %.1f GB written in %.1f s (%d files at once)", label, total / 1e9,
+                     time.monotonic() - t0, len(jobs))
+
+
+@dataclass(slots=True)
+class _Part:
+    """One file of a parallel write: its object, its PacedFile's pacing, the write's byte counter."""
+    obj: Any
+    pace_bytes: int = PACE_BYTES
+    on_write: Callable[[int], None] | None = None
+
+
+def _deal(state: dict[str, Any], writers: int) -> tuple[list[list[tuple[str, Any]]], dict[str, list[str]]]:
+    """{"model.pt", "optimizer.pt", "scheduler.pt"} -> the file threads' jobs ((name, object) each) and the model's
+    and the optimizer's files in order: job 0 writes model.pt (whole: a third of the bytes with Adam) and the
+    scheduler, jobs 1.. the optimizer's "state" cut into `writers - 1` runs (_runs; optimizer.pt has param_groups)."""
+    osd = state["optimizer.pt"]
+    jobs: list[list[tuple[str, Any]]] = [[("model.pt", state["model.pt"]), ("scheduler.pt", state["scheduler.pt"])]]
+    files: dict[str, list[str]] = {"model": ["model.pt"], "optimizer": []}
+    for i, run in enumerate(_runs(list(osd["state"].items()), max(writers - 1, 1))):
+        name = "optimizer.pt" if i == 0 else f"optimizer-{i}.pt"
+        jobs.append([(name, {**osd, "state": dict(run)} if i == 0 else {"state": dict(run)})])
+        files["optimizer"].append(name)
+    return ([[f for job in jobs for f in job]] if writers == 1 else jobs), files
+
+
+def _runs(items: list[tuple[str, Any]], n: int) -> list[list[tuple[str, Any]]]:
+    """`items` cut into at most `n` contiguous non-empty runs of about equal tensor bytes ([[]] for none)."""
+    total, acc = sum(_nbytes(v) for _, v in items), 0
+    runs: list[list[tuple[str, Any]]] = [[]]
+    for key, value in items:
+        if runs[-1] and len(runs) < n and acc >= total * len(runs) / n:
+            runs.append([])
+        runs[-1].append((key, value))
+        acc += _nbytes(value)
+    return runs
+
+
+def _nbytes(obj: Any) -> int:
+    sizes: list[int] = []
+    _map_tensors(obj, "", lambda _, t: sizes.append(t.numel() * t.element_size()))
+    return sum(sizes)
 
 
 def load_checkpoint(path: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -213,8 +284,7 @@ def load_checkpoint(path: str | Path, *, model: nn.Module, optimizer: torch.opti
     info = fsdp.dist_info()
     meta = CheckpointMeta(**json.loads((path / "meta.json").read_text()))
     if info.rank == 0 or not info.sharded:
-        msd = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-        osd = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        msd, osd = _read_state(path, meta.files)
         _check_trained_keys(path, model, msd)
     else:
         msd, osd = {}, {}
@@ -230,6 +300,21 @@ def load_checkpoint(path: str | Path, *, model: nn.Module, optimizer: torch.opti
     if rng.is_file():
         set_rng_state(torch.load(rng, weights_only=True))
     return meta
+
+
+def _read_state(path: Path, files: dict[str, list[str]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's and the optimizer's state dicts, each rebuilt from its files in order."""
+    def read(name: str) -> Any:
+        return torch.load(path / name, map_location="cpu", weights_only=True)
+
+    msd: dict[str, Any] = {}
+    for name in files.get("model", ["model.pt"]):
+        msd.update(read(name))
+    names = files.get("optimizer", ["optimizer.pt"])
+    osd = read(names[0])
+    for name in names[1:]:
+        osd["state"].update(read(name)["state"])
+    return msd, osd
 
 
 def _options(**kwargs: Any) -> StateDictOptions:
@@ -298,27 +383,13 @@ def _tuples(x: Any) -> Any:
 
 
 def _write(path: Path, obj: Any) -> None:
-    """torch.save, its bytes paced to disk as they are written (durable.PacedFile) and fsynced at the end."""
-    with PacedFile(path) as f:
-        torch.save(obj, f)
-
-
-def _replace_dir(tmp: Path, final: Path) -> None:
-    old = final.with_name(f".old-{final.name}")
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    """torch.save of `obj` (a _Part: its object, paced and counted so) into a durable.PacedFile, fsynced."""
+    part = obj if isinstance(obj, _Part) else _Part(obj)
+    with PacedFile(path, part.pace_bytes, on_write=part.on_write) as f:
+        torch.save(part.obj, f)
 
 
 def _prune(root: Path, keep: int) -> None:
-    if keep <= 0:
-        return
-    done = sorted((int(m.group(1)), p) for p in root.iterdir()
-                  if (m := _STEP_DIR.match(p.name)) and (p / "meta.json").is_file())
-    for _, p in done[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
-
-
+    if keep > 0:
+        for _, p in _complete(root)[:-keep]:
+            shutil.rmtree(p, ignore_errors=True)

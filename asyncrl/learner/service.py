@@ -9,7 +9,8 @@
 * While waiting for a batch, the ranks stay in lockstep (one collective per wait round) so that
   rank 0 can serve a (re)joining generator a full push: that needs every rank's full_tensor().
 * Checkpoints are atomic; `CommitStep(step)` follows the checkpoint, so after a crash the hub
-  re-delivers every batch after the last checkpoint: nothing is dropped or trained twice.
+  re-delivers every batch after the last checkpoint: nothing is dropped or trained twice. Every checkpoint,
+  the last too, is written in the background; the last one beside the export, and waited for before exit.
 * SIGINT/SIGTERM: finish the current step, checkpoint, commit, exit 0.
 * With LoRA and `learner.lora_push = "adapter"` (the torch engine's default) each version's push carries the
   adapters only (lora.adapter_push: A and B, fp32, MBs), which members apply to the base they keep; a
@@ -136,19 +137,24 @@ class LearnerService:
         self.checkpoint_versions: dict[int, int] = {}  # step -> policy version, until its write is committed
         self.committed_step = 0  # last step whose checkpoint is written (and sent to the hub)
         self.reserved = False  # checkpoint staging buffers allocated (after the first step)
+        self.final_started: float | None = None  # when the final checkpoint's snapshot began
         self.t0 = time.time()
         self.timed_out = False  # learner.time_limit_s spent: the step just trained was the last
 
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
+        """The loop, then the end: the last step's checkpoint is written in the background while the export
+        runs (both only read the snapshot / the weights); the run returns once both are done and the step is
+        committed. Stopped early or failed: no export, the checkpoint alone."""
         self._resume()
         try:
             self._loop()
+            if self.finished:
+                with self.timeline.span("export"):
+                    self.trainer.export(self.run_dir / "export")
         finally:  # stopped, finished, or the hub failed us: keep every finished step
             self._final_checkpoint()
-        if self.finished:
-            self.trainer.export(self.run_dir / "export")
 
     @property
     def finished(self) -> bool:
@@ -172,20 +178,23 @@ class LearnerService:
             push = self._push()
             last = step >= steps or self._out_of_time()
             if last or step % self.cfg.checkpoint_every == 0:
-                self._checkpoint(background=not last)
+                self._checkpoint(final=last)
             self._commit_written()
             self._evaluate(step, last)
             self._report(step, batch, metrics, push)
 
     def _final_checkpoint(self) -> None:
-        """Every finished step on disk and committed before the process ends (a background write still in
-        flight is waited for: the writer thread would die with the process)."""
+        """Every finished step on disk and committed before the process ends (the write in flight is waited
+        for: the writer thread would die with the process). Timeline: "checkpoint_final" spans the final
+        checkpoint from its snapshot to its commit (with the export beside it at the end of a finished run)."""
         self.hub.timeout_s = min(self.hub.timeout_s, 5.0)  # the hub may be stopping or gone
         self.hub.reconnect_s = 0.0
-        if self.trainer.step <= self.checkpointed_step:
-            self._commit_written(wait=True)
-            return
-        self._checkpoint(background=False)
+        if self.trainer.step > self.checkpointed_step:
+            self._checkpoint(final=True)
+        self._commit_written(wait=True)
+        if self.final_started is not None:
+            self.timeline.record("checkpoint_final", self.final_started, time.time())
+            self.final_started = None
 
     def close(self) -> None:
         if self.evaluator is not None:
@@ -262,24 +271,26 @@ class LearnerService:
         else:
             self.sender.serve_joins(self._full_push, self.trainer.version)
 
-    def _checkpoint(self, background: bool) -> None:
-        """Snapshot now; the write finishes in the background unless `background` is false, and the step is
-        committed once it is on disk. Timeline: "checkpoint" is a background save's stall of the learner,
-        "checkpoint_final" a foreground save (the run's last: waits for the disk by design),
-        "checkpoint_skipped" a background save skipped because the previous write was still going."""
+    def _checkpoint(self, final: bool = False) -> None:
+        """Snapshot now; the write finishes in the background, and the step is committed once it is on disk.
+        The `final` one (the run's last step) is never skipped: the write in flight finishes first; its write
+        logs its progress, and `_final_checkpoint` waits for it. Timeline: "checkpoint" is a background save's
+        stall of the learner, "checkpoint_skipped" a save skipped because the previous write was still going."""
         step = self.trainer.step
         start = time.time()
-        taken = self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step}, background=background)
-        kind = "checkpoint_skipped" if taken is None else "checkpoint" if background else "checkpoint_final"
-        self.timeline.record(kind, start, time.time())
+        if final:
+            self.trainer.checkpoints.wait_writer()  # rank 0's; the others have none, and wait in the save's reduce
+            self.trainer.checkpoints.announce_next("final checkpoint")
+            self.final_started = start
+        taken = self.trainer.save_checkpoint(self.run_dir, extra={"hub_committed_step": step}, background=True)
+        if not final:
+            self.timeline.record("checkpoint_skipped" if taken is None else "checkpoint", start, time.time())
         if taken is None:
             log.warning("checkpoint at step %d skipped: the previous one is still being written (raise "
                         "learner.checkpoint_every or use faster storage)", step)
             return
         self.checkpoint_versions[step] = self.trainer.version
         self.checkpointed_step = step
-        if not background:
-            self._commit_written(wait=True)
 
     def _commit_written(self, wait: bool = False) -> None:
         """Commit every checkpoint the background writer has finished (all of them, with `wait`)."""
