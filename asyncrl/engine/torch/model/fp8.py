@@ -4,7 +4,7 @@
 of its weight with one scale per output channel; embeddings, norms and the lm_head stay in the model dtype.
 Each matmul quantizes its input per row on the fly (one scale per token, the row's absolute maximum over
 448, e4m3's largest value) and runs `torch._scaled_mm`, which multiplies in fp8 on the tensor cores, applies
-both scales and writes the model dtype:
+both scales and writes the model dtype (on CPU, for tests, the same products in fp32):
 
     y[t, o] = (sum_i x8[t, i] * w8[o, i]) * sx[t] * sw[o]      x ~ x8 * sx (row t),  W ~ w8 * sw (row o)
 
@@ -91,8 +91,10 @@ class Fp8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [n, in] in the model dtype -> [n, out] in the model dtype."""
         x8, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))  # [n, in] e4m3, [n, 1]
-        # w8.t() is [in, out] column-major, the layout _scaled_mm's second operand needs
-        y = torch._scaled_mm(x8, self.w8.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=x.dtype)
+        if x.is_cuda:  # w8.t() is [in, out] column-major, the layout _scaled_mm's second operand needs
+            y = torch._scaled_mm(x8, self.w8.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=x.dtype)
+        else:  # torch's CPU _scaled_mm takes one scale per tensor only (2.11): the same products, in fp32
+            y = ((x8.float() @ self.w8.float().t()) * x_scale * self.w_scale).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
 
