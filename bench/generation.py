@@ -365,6 +365,8 @@ def main() -> None:
                         "(bfloat16, float16)")
     parser.add_argument("--weights-dtypes", default="model", help="comma list of generator.weights_dtype settings "
                         "to run in turn (model, fp8); Hugging Face runs once, beside the first")
+    parser.add_argument("--fp8-fused", default="1", help="comma list of 0/1: fp8 inputs quantized inside the norm "
+                        "and SiLU kernels (model/fp8.py FUSE_INPUTS), for the fp8 runs, in turn")
     parser.add_argument("--residual-fp32", default="0", help="comma list of 0/1: model.residual_fp32 settings "
                         "to run in turn")
     parser.add_argument("--logits-fp32", default="0", help="comma list of 0/1: model.logits_fp32 settings "
@@ -383,6 +385,7 @@ def main() -> None:
         return
     require_cuda("bench.generation")
     from asyncrl.engine.torch import kernels
+    from asyncrl.engine.torch.model import fp8
 
     bw = copy_bandwidth()
     modes = [bool(int(m)) for m in args.pdl.split(",")] if args.pdl else [kernels.ops.PDL]
@@ -391,15 +394,17 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for _ in range(args.repeats):
-                weights = args.weights_dtypes.split(",")
-                for mode, dtype, r32, l32, wd in itertools.product(modes, args.dtypes.split(","), residual, logits32,
-                                                                   weights):
+                weights = [(wd, fused) for wd in args.weights_dtypes.split(",")
+                           for fused in ([bool(int(f)) for f in args.fp8_fused.split(",")] if wd == "fp8" else [True])]
+                for mode, dtype, r32, l32, (wd, fused) in itertools.product(modes, args.dtypes.split(","), residual,
+                                                                            logits32, weights):
                     kernels.ops.PDL = mode
+                    fp8.FUSE_INPUTS = fused
                     row = bench_case(shape, batch, args.prompt_len, args.output_len, bw,
-                                     args.skip_hf or wd != weights[0], args.profile,
+                                     args.skip_hf or (wd, fused) != weights[0], args.profile,
                                      args.deterministic, False if args.no_overlap else None, args.trace,
                                      args.max_prefill_tokens, args.kv_block_size, dtype, r32, l32, wd)
-                    print(json.dumps({**row, "pdl": mode}), flush=True)
+                    print(json.dumps({**row, "pdl": mode, **({"fp8_fused": fused} if wd == "fp8" else {})}), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from engine_helpers import drain, engine, request
 
 from asyncrl.engine.torch import kernels
+from asyncrl.engine.torch.kernels import fp8 as fp8_kernels
+from asyncrl.engine.torch.model import fp8
 from asyncrl.engine.torch.model.fp8 import Fp8Linear, check_supported, quantize_rows_reference
 
 pytestmark = [
@@ -25,12 +27,29 @@ PROMPT = [5, 6, 7, 8, 9, 10, 11]
 def test_triton_quantizer_matches_its_torch_form(rows, cols):
     torch.manual_seed(0)
     x = (torch.randn(rows, cols, device="cuda") * torch.logspace(-2, 2, rows, device="cuda")[:, None]).bfloat16()
-    x8, scale = kernels.ops.quantize_rows_fp8(x)
-    ref8, ref_scale = quantize_rows_reference(x)
+    _agrees(fp8_kernels.quantize_rows_fp8(x), quantize_rows_reference(x))
+
+
+def _agrees(got, ref) -> None:
+    (x8, scale), (ref8, ref_scale) = got, ref
     assert torch.allclose(scale, ref_scale, rtol=1e-6)
     step = 2.0 ** -3 * ref8.float().abs().clamp(min=2.0**-6)  # one e4m3 step at each value
     assert ((x8.float() - ref8.float()).abs() <= step).all()  # Triton's division may round the other way
     assert (x8.float() == ref8.float()).float().mean().item() > 0.999
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_fused_norm_and_silu_quantizers_match_the_unfused_kernels(residual):
+    torch.manual_seed(0)
+    x = torch.randn(64, 896, device="cuda").bfloat16()
+    res = torch.randn(64, 896, device="cuda").bfloat16() if residual else None
+    w = (1 + 0.1 * torch.randn(896, device="cuda")).bfloat16()
+    normed, stream = kernels.ops.add_rmsnorm(x, res, w, 1e-6)
+    got, fused_stream = fp8_kernels.add_rmsnorm_fp8(x, res, w, 1e-6)
+    assert torch.equal(stream, fused_stream)
+    _agrees(got, quantize_rows_reference(normed))
+    gate_up = torch.randn(64, 2 * 4864, device="cuda").bfloat16()
+    _agrees(fp8_kernels.silu_mul_fp8(gate_up), quantize_rows_reference(kernels.ops.silu_mul(gate_up)))
 
 
 @pytest.mark.parametrize("out_f,in_f", [(1152, 896), (896, 896), (9728, 896), (896, 4864)])
@@ -59,6 +78,13 @@ def _greedy(eng):
 def _same(a, b) -> bool:
     return a.keys() == b.keys() and all(a[k][0] == b[k][0] and torch.allclose(a[k][1], b[k][1], atol=1e-5)
                                         for k in a)
+
+
+def test_fused_input_quantization_generates_what_the_separate_kernel_does(tiny_models, monkeypatch):
+    path = tiny_models["qwen2"]
+    fused = _greedy(engine(path, device="cuda", dtype="bfloat16", weights_dtype="fp8"))
+    monkeypatch.setattr(fp8, "FUSE_INPUTS", False)
+    assert _same(fused, _greedy(engine(path, device="cuda", dtype="bfloat16", weights_dtype="fp8")))
 
 
 def test_fp8_engine_under_graph_replay_and_after_an_update(tiny_models, tiny_factory, tmp_path):

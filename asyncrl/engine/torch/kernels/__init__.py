@@ -6,6 +6,7 @@
   step's own KV store inside.
 * `sampler`: the fused sampler (temperature, inverse-CDF draw, full-vocabulary logprob) on bf16 logits.
 * `staging`: the decode step's first kernel, which unpacks the staged host inputs on the device.
+* `fp8`: FP8 rollouts' per-row input quantizers, alone or fused into the norm and SiLU kernels.
 
 Each has a torch counterpart used on CPU and as the tests' reference (`paged_attention`, `sampler`,
 `DecodeBuffers`); without Triton (CPU-only installs) only those run.

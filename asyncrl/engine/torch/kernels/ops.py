@@ -1,6 +1,6 @@
 """Triton kernels of the decoder on GPU: fused residual-add + RMSNorm, SiLU-and-multiply, rotary +
 KV-cache store (prefill; at decode the attention kernels of `kernels.attention` rotate and store the step's own
-token), per-row fp8 quantization of a matmul's input (FP8 rollouts, model/fp8.py), and what every engine kernel shares: where they run (`enabled`) and how they launch (`pdl`).
+token), and what every engine kernel shares: where they run (`enabled`) and how they launch (`pdl`).
 
 Each kernel reproduces the rounding of the Hugging Face eager code it replaces (bf16 results of the
 same fp32 math), so engine logprobs stay close to a learner's forward pass; they only save launches
@@ -139,21 +139,6 @@ if HAS_TRITON:
         if WRITE_K:
             tl.store(k_out + n * KV * D + offs_h[:, None] * D + offs_d[None, :], k, mask=kmask[:, None])
 
-
-    @triton.jit
-    def _quantize_rows_fp8_kernel(x_ptr, out_ptr, scale_ptr, n_cols, scale_floor, fp8_max,
-                                  BLOCK: tl.constexpr, PDL: tl.constexpr):
-        dependent_launch(PDL)
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0), scale_floor) / fp8_max
-        q = tl.minimum(tl.maximum(x / scale, -fp8_max), fp8_max)
-        tl.store(out_ptr + row * n_cols + cols, q.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(scale_ptr + row, scale)
-
-
 def add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,16 +185,3 @@ def rotary_store(
         H=heads, KV=kv, D=d, BLOCK_H=triton.next_power_of_2(max(heads, 2)), WRITE_K=want_k, num_warps=4, **pdl(q),
     )
     return q_out, (k_out if want_k else None)
-
-
-def quantize_rows_fp8(x: torch.Tensor, scale_floor: float = 1e-12, fp8_max: float = 448.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [n, k] contiguous -> (x8 [n, k] float8_e4m3fn, scale [n, 1] fp32): each row divided by max|row| / fp8_max
-    and rounded to e4m3 (asyncrl/engine/torch/model/fp8.py `quantize_rows_reference` is the torch form)."""
-    n, cols = x.shape
-    out = torch.empty((n, cols), dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty((n, 1), dtype=torch.float32, device=x.device)
-    if n:
-        _quantize_rows_fp8_kernel[(n,)](x, out, scale, cols, scale_floor, fp8_max,
-                                        BLOCK=triton.next_power_of_2(cols), num_warps=8 if cols > 4096 else 4,
-                                        **pdl(x))
-    return out, scale

@@ -9,7 +9,7 @@ from torch import nn
 
 from asyncrl.engine.torch import kernels
 from asyncrl.engine.torch.model.config import ArchConfig
-from asyncrl.engine.torch.model.fp8 import Fp8Linear
+from asyncrl.engine.torch.model.fp8 import Fp8Input, Fp8Linear
 from asyncrl.engine.torch.model.layers import (
     RMSNorm,
     RotaryEmbedding,
@@ -46,8 +46,9 @@ class Attention(nn.Module):
         if self.qkv is None:
             self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [n, hidden] -> q [n, heads, d], k, v [n, kv_heads, d] (views of one matmul when fused)."""
+    def project(self, x: torch.Tensor | Fp8Input) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [n, hidden] (or its fp8 form, when qkv_fp8 is set) -> q [n, heads, d], k, v [n, kv_heads, d] (views
+        of one matmul when fused)."""
         n, d = x.shape[0], self.head_dim
         if self.qkv is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -59,7 +60,7 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [num_tokens, hidden]
+        x: torch.Tensor | Fp8Input,  # [num_tokens, hidden]
         rotary: RotaryEmbedding,
         positions: torch.Tensor,  # [num_tokens]
         meta: AttentionMetadata,
@@ -70,8 +71,8 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if kernels.ops.enabled(x):
-            cos, sin = rotary.tables(rotary.max_positions, x.dtype, x.device)
+        if kernels.ops.enabled(q):
+            cos, sin = rotary.tables(rotary.max_positions, q.dtype, q.device)
             if meta.is_prefill:
                 q, k = kernels.ops.rotary_store(
                     q, k, v, positions, cos, sin, meta.slot_mapping, k_cache, v_cache, want_k=True
@@ -82,7 +83,7 @@ class Attention(nn.Module):
                 out = kernels.attention.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
                                                         self.scale, meta.single_pass, new)
         else:
-            cos, sin = rotary(positions, x.dtype)  # [num_tokens, head_dim]
+            cos, sin = rotary(positions, q.dtype)  # [num_tokens, head_dim]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             if meta.is_prefill:

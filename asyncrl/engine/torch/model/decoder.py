@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from asyncrl.engine.torch.model.attention import Attention
+from asyncrl.engine.torch.model.fp8 import fused_inputs
 from asyncrl.precision.fp32_logits import fp32_logits
 from asyncrl.engine.torch.model.config import ArchConfig
 from asyncrl.engine.torch.model.layers import MLP, RMSNorm, RotaryEmbedding, default_inv_freq
@@ -36,9 +37,11 @@ class DecoderLayer(nn.Module):
         """h: this layer's input delta [num_tokens, hidden]; residual: the stream before it (None in
         layer 0; stream_fp32: start it in fp32). -> (mlp output, stream after attention): the next layer adds
         them in its norm."""
-        x, residual = self.input_layernorm.add_forward(h, residual, stream_fp32)
+        x, residual = self.input_layernorm.add_forward(h, residual, stream_fp32,
+                                                       quantize=fused_inputs(h, self.self_attn.qkv_fp8))
         h = self.self_attn(x, rotary, positions, meta, k_cache, v_cache)
-        x, residual = self.post_attention_layernorm.add_forward(h, residual)
+        x, residual = self.post_attention_layernorm.add_forward(h, residual,
+                                                                quantize=fused_inputs(h, self.mlp.gate_up_fp8))
         return self.mlp(x), residual
 
 

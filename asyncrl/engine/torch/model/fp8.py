@@ -22,14 +22,37 @@ docs/algorithms.md). Hopper and later (compute capability >= 8.9) on CUDA; `chec
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from asyncrl.engine.torch import kernels
+from asyncrl.engine.torch.kernels import fp8 as fp8_kernels
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 SCALE_FLOOR = 1e-12  # an all-zero row gets this scale (its fp8 values are 0), never a division by 0
+FUSE_INPUTS = True
+"""Quantize the inputs of qkv, gate_up and down_proj inside the kernels that make them (`kernels.fp8`: residual
+add + RMSNorm, SiLU * up) rather than in a kernel of their own. Read when a forward runs, so CUDA graphs capture
+the setting in force at engine start (bench.generation --fp8-fused 0,1 compares both in one process)."""
+
+
+class Fp8Input(NamedTuple):
+    """A matmul input already quantized per row: x8 [n, k] e4m3, scale [n, 1] fp32 (x ~ x8 * scale)."""
+
+    x8: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x8.shape
+
+
+def fused_inputs(x: torch.Tensor, image: object) -> bool:
+    """Whether the kernel making x (for the projection `image`, an Fp8Linear or None) quantizes it itself."""
+    return image is not None and FUSE_INPUTS and kernels.ops.enabled(x) and x.dim() == 2
 
 
 def check_supported(device: torch.device, dtype: torch.dtype) -> None:
@@ -59,7 +82,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [n, k] -> (x8 [n, k] e4m3, scale [n, 1] fp32) with x ~ x8 * scale, scale = max|x_row| / 448.
     One Triton kernel on GPU; this torch code on CPU (and as its reference)."""
     if kernels.ops.runs_on(x) and x.is_contiguous():
-        return kernels.ops.quantize_rows_fp8(x)
+        return fp8_kernels.quantize_rows_fp8(x)
     return quantize_rows_reference(x)
 
 
@@ -88,13 +111,14 @@ class Fp8Linear:
         self.w8.copy_(w8)
         self.w_scale.copy_(scale.view(1, -1))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [n, in] in the model dtype -> [n, out] in the model dtype."""
-        x8, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))  # [n, in] e4m3, [n, 1]
-        if x.is_cuda:  # w8.t() is [in, out] column-major, the layout _scaled_mm's second operand needs
-            y = torch._scaled_mm(x8, self.w8.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=x.dtype)
+    def __call__(self, x: torch.Tensor | Fp8Input) -> torch.Tensor:
+        """x [n, in] in the model dtype, or already quantized -> [n, out] in the model dtype."""
+        x8, x_scale = x if isinstance(x, Fp8Input) else quantize_rows(x.reshape(-1, x.shape[-1]))  # [n, in], [n, 1]
+        dtype = self.source.dtype
+        if x8.is_cuda:  # w8.t() is [in, out] column-major, the layout _scaled_mm's second operand needs
+            y = torch._scaled_mm(x8, self.w8.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=dtype)
         else:  # torch's CPU _scaled_mm takes one scale per tensor only (2.11): the same products, in fp32
-            y = ((x8.float() @ self.w8.float().t()) * x_scale * self.w_scale).to(x.dtype)
+            y = ((x8.float() @ self.w8.float().t()) * x_scale * self.w_scale).to(dtype)
         return y if self.bias is None else y + self.bias
 
 

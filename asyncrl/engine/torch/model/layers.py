@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from asyncrl.engine.torch import kernels
+from asyncrl.engine.torch.kernels import fp8 as fp8_kernels
+from asyncrl.engine.torch.model.fp8 import Fp8Input, fused_inputs
 
 
 class RMSNorm(nn.Module):
@@ -28,15 +30,18 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(self.weight.dtype)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                    stream_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None, stream_fp32: bool = False,
+                    quantize: bool = False) -> tuple[torch.Tensor | Fp8Input, torch.Tensor]:
         """-> (norm(x + residual), x + residual); residual None means x is the stream itself, kept in x's
         dtype or, with stream_fp32, as fp32 (then every later `residual + x` is fp32: the residual stream is
         rounded once per layer less). One fused kernel on GPU; the same roundings as `residual + x` then
-        `forward`."""
+        `forward`. quantize (FP8 rollouts, only where the kernel runs): the norm comes back as an `Fp8Input`."""
         if residual is None and stream_fp32:
             residual, x = x.float(), torch.zeros_like(x)
         if kernels.ops.enabled(x) and x.dim() == 2 and self.weight.dtype == x.dtype:
+            if quantize:
+                (x8, scale), stream = fp8_kernels.add_rmsnorm_fp8(x, residual, self.weight, self.eps)
+                return Fp8Input(x8, scale), stream
             return kernels.ops.add_rmsnorm(x, residual, self.weight, self.eps)
         h = x if residual is None else residual + x
         return self.forward(h), h
@@ -101,10 +106,12 @@ class MLP(nn.Module):
         if self.gate_up is None:
             self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+    def forward(self, x: torch.Tensor | Fp8Input) -> torch.Tensor:  # [num_tokens, hidden]
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         gate_up = self.gate_up_fp8(x) if self.gate_up_fp8 is not None else F.linear(x, *self.gate_up)  # [n, 2 * inter]
+        if fused_inputs(gate_up, self.down_fp8):
+            return self.down_fp8(Fp8Input(*fp8_kernels.silu_mul_fp8(gate_up)))
         if kernels.ops.enabled(gate_up) and gate_up.dim() == 2:
             h = kernels.ops.silu_mul(gate_up)
         else:
