@@ -20,8 +20,11 @@ the other cores, drive it like a run does:
 
 Prints one JSON line: samples_per_s (trained samples / wall time from first lease to last commit),
 hub_samples_per_cpu_s (trained samples / CPU seconds the hub process used after start-up, its ZeroMQ
-I/O thread included: its one-core capacity),
-p50/p99 latency of SampleBatch round trips (one message per lease) and of a sample from send to its batch, and context.
+I/O thread included: its one-core capacity), peer_cpu_s (CPU seconds of each peer process after its
+imports: they share the other cores, so they bound samples_per_s too),
+p50/p99 latency of SampleBatch round trips (one message per lease, the producer's encoding included), of
+LeaseRequest round trips and of a sample from send to its batch, and context. `--hub-profile PATH` runs
+the hub under cProfile (its loop thread only; the journal's and ZeroMQ's threads are not in it).
 """
 
 from __future__ import annotations
@@ -76,9 +79,11 @@ def producer(endpoint: str, args: argparse.Namespace) -> dict:
         feeder.request(R.SubmitPrompts(prompts=[R.Prompt(prompt_id=f"b{k}", n=args.n, text="q")
                                               for k in range(start, min(total, start + 1024))]))
     template = [make_sample("", i, args.tokens, rng) for i in range(args.n)]
-    rtts, leased, t_first = [], 0, 0.0
+    rtts, lease_rtts, leased, t_first = [], [], 0, 0.0
     while leased < total:
+        t0 = time.perf_counter()
         lease = peer.request(R.LeaseRequest(generator="bench-gen", max_prompts=args.lease_prompts, wait_s=1.0))
+        lease_rtts.append(time.perf_counter() - t0)
         t_first = t_first or time.time()
         samples = []
         for p in lease.prompts:
@@ -94,7 +99,7 @@ def producer(endpoint: str, args: argparse.Namespace) -> dict:
         leased += len(lease.prompts)
     peer.close()
     feeder.close()
-    return {"t_first": t_first, "rtts": rtts}
+    return {"t_first": t_first, "rtts": rtts, "lease_rtts": lease_rtts}
 
 
 def scorer(endpoint: str, args: argparse.Namespace) -> dict:
@@ -149,7 +154,8 @@ def start_hub(run_dir: str, args: argparse.Namespace, src: str) -> tuple[subproc
             f"hub.log={'true' if args.log else 'false'}", "hub.fsync=batch"]
     save_config(Path(run_dir), load_run_config(None, sets))  # the run directory as the launcher leaves it
     write_run_json(run_dir, {"endpoints": {"replay": "tcp://127.0.0.1:0"}, "pids": {}})  # port 0: any free one
-    cmd = [sys.executable, "-m", "services.replay", "--run-dir", run_dir, "--name", "replay"]
+    profile = ["-m", "cProfile", "-o", str(Path(args.hub_profile).resolve())] if args.hub_profile else []
+    cmd = [sys.executable, *profile, "-m", "services.replay", "--run-dir", run_dir, "--name", "replay"]
     hub = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=src, env=_env(src),
                            preexec_fn=lambda: pin([args.hub_core]))
     line = hub.stdout.readline()  # type: ignore[union-attr]
@@ -197,7 +203,10 @@ def run(args: argparse.Namespace, src: str) -> dict:
         "elapsed_s": round(elapsed, 3),
         "hub_cpu_s": round(hub_cpu_s, 3),
         "hub_samples_per_cpu_s": round(trained / hub_cpu_s, 1) if hub_cpu_s else None,
+        "peer_cpu_s": {role: round(r.get("cpu_s", 0.0), 3) for role, r in results.items()},
         "sample_batch_rtt_ms": {"p50": _ms(rtts, 50), "p99": _ms(rtts, 99)},
+        "lease_rtt_ms": {"p50": _ms(results["producer"].get("lease_rtts", []), 50),
+                         "p99": _ms(results["producer"].get("lease_rtts", []), 99)},
         "sample_to_batch_ms": {"p50": _ms(lat, 50), "p99": _ms(lat, 99)},
         "context": {"response_tokens": args.tokens, "prompt_tokens": 128, "samples_per_prompt": args.n,
                     "prompts_per_step": args.prompts_per_step, "steps": args.steps,
@@ -271,13 +280,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median run is printed")
     ap.add_argument("--baseline", default=None, metavar="DIR", help="also run from the source tree DIR, interleaved")
     ap.add_argument("--hub-core", type=int, default=0)
+    ap.add_argument("--hub-profile", default=None, metavar="PATH",
+                    help="run the hub under cProfile, stats to PATH (read with python -m pstats PATH)")
     ap.add_argument("--role", choices=sorted(ROLES), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.role is not None:  # a peer process started by run()
-        print(json.dumps(ROLES[args.role](args.endpoint, args)))
+        cpu_at_start = time.process_time()  # imports are not per-sample cost
+        print(json.dumps({**ROLES[args.role](args.endpoint, args), "cpu_s": time.process_time() - cpu_at_start}))
         return
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     args.peer_cores = [c for c in cores if c != args.hub_core] or cores

@@ -19,7 +19,7 @@ from pathlib import Path
 from asyncrl.net.credentials import RunSecret
 from asyncrl.run.lifecycle import start_service
 from asyncrl.observe.prometheus import url_port
-from asyncrl.replay.hub import Hub, install_uvloop
+from asyncrl.replay.hub import Hub, install_uvloop, settle_gc
 from asyncrl.replay.log import LogCorrupt
 
 EXIT_LOG_CORRUPT = 2  # the journal is damaged: restarting cannot help, a person must act
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stop.on_set(hub.stop)  # the loop leaves within one tick
         print(json.dumps({"endpoint": hub.endpoint}), flush=True)
+        settle_gc()  # this process is the hub's: its start-up heap frozen out of collections
         asyncio.run(hub.serve())
     finally:
         hub.close()

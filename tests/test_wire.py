@@ -92,6 +92,30 @@ def test_batch_with_spliced_samples_is_byte_identical(ss, p):
     same(wire.decode(wire.encode(batch(packed))), batch(ss))
 
 
+odd_array = st.builds(
+    lambda dtype, n, strided: (np.arange(2 * n).astype(dtype)[::2] if strided else np.arange(n).astype(dtype)),
+    st.sampled_from(["<i4", ">i4", "<f4", ">f4", "<i8", "u1", "<f2", "?"]),
+    st.sampled_from([0, 1, 2, 3, 10, 62, 63, 16380, 16382, 16400]),  # fixext 8/16, ext 8/16/32 payloads
+    st.booleans())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(samples(), min_size=1, max_size=3), st.lists(odd_array, min_size=4, max_size=4),
+       st.sampled_from([None, np.zeros((2, 3), np.int32), np.array(7, np.int32)]))
+def test_sample_arrays_are_composed_into_the_bytes_msgpack_would_write(ss, arrays, other):
+    """SampleBatch is composed piece by piece (arrays as views behind prebuilt headers): the frame must be
+    what msgpack writes for the same records, for any array (byte order, stride, dtype, size, rank)."""
+    from asyncrl.wire.encode import _default  # the generic packing every other message uses
+
+    ss[0].prompt_token_ids, ss[0].response_token_ids, ss[0].logprobs, ss[0].versions = arrays
+    if other is not None:
+        ss[-1].versions = other
+    msg = R.SampleBatch(lease_id="L", samples=ss)
+    plain = msgpack.packb({"v": R.SCHEMA_VERSION, "t": "SampleBatch", "b": msg}, default=_default,
+                          use_bin_type=True)
+    assert wire.encode(msg) == plain
+
+
 @pytest.mark.parametrize("frame, why", [
     (b"", "not msgpack"),
     (msgpack.packb([1, 2]), "envelope"),

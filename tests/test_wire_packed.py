@@ -126,3 +126,59 @@ def test_scoring_fields_are_read_once_from_the_decoding_then_from_the_bytes():
     first = got.take_scoring()
     assert first == ("answer", R.FinishReason.STOP, None, "") and got.scoring is None
     assert got.take_scoring() == first == (got.response_text, got.finish_reason, got.env_reward, got.env_error)
+
+
+def test_a_sample_outside_the_plain_path_decodes_to_the_same_record():
+    """Plain single-turn samples take a straight-line check; one with an int timing (a float to the schema)
+    or any multi-turn field takes the general one. Either way the record is what the schema says."""
+    base = msgpack.unpackb(wire.encode(R.SampleBatch(lease_id="L", samples=[sample("p", 0, [4, 2])])), raw=False)
+    body = base["b"]["samples"][0]
+    for changed, want in ((body, {"sent": 1.0}), ({**body, "timings": {"sent": 1}}, {"sent": 1.0}),
+                          ({**body, "timings": {}}, {}), ({k: v for k, v in body.items() if k != "timings"}, {})):
+        frame = msgpack.packb({**base, "b": {"lease_id": "L", "samples": [changed]}}, use_bin_type=True)
+        full = wire.decode(frame).samples[0]
+        assert full.timings == want and all(type(x) is float for x in full.timings.values())
+        assert full.versions.tolist() == [4, 2] and full.env_error == "" and full.loss_mask is None
+        packed = wire.decode_packed(frame).samples[0]
+        assert (packed.min_version, packed.take_scoring()) == (2, ("hi", R.FinishReason.STOP, None, ""))
+    multi = wire.decode(wire.encode(R.SampleBatch(lease_id="L", samples=[R.Sample(
+        **{**{f: getattr(sample("p", 0, [1]), f) for f in R.Sample.__slots__}, "env_reward": 0.5})]))).samples[0]
+    assert multi.env_reward == 0.5
+
+
+@pytest.mark.parametrize("score, why", [
+    ({"prompt_id": "p", "sample_index": 1, "reward": 1}, None),  # an int reward is a float
+    ({"prompt_id": "p", "sample_index": 1, "reward": 1.0, "components": {"f": 2}}, None),
+    ({"prompt_id": "p", "sample_index": True, "reward": 1.0}, "sample_index: expected int"),
+    ({"prompt_id": "p", "sample_index": 1, "reward": 1.0, "status": "meh"}, "is not one of"),
+    ({"prompt_id": "p", "sample_index": 1}, "needs field 'reward'"),
+    ({"prompt_id": "p", "sample_index": 1, "reward": 1.0, "zz": 0}, "unknown fields"),
+    ({"prompt_id": "p", "sample_index": 1, "reward": 1.0, "components": None}, "components: expected map"),
+    ({"prompt_id": "p", "sample_index": 1, "reward": 1.0, "components": {"f": "x"}}, "components.f: expected float"),
+])
+def test_scores_are_checked_alike_on_either_path(score, why):
+    """Scores with exact types are built straight away; any other is converted or refused by the schema."""
+    frame = msgpack.packb({"v": R.SCHEMA_VERSION, "t": "ScoredIds", "b": {"scores": [score]}})
+    if why is not None:
+        with pytest.raises(wire.WireError, match=why):
+            wire.decode(frame)
+        return
+    got = wire.decode(frame).scores[0]
+    assert got == R.ScoreResult(prompt_id="p", sample_index=1, reward=1.0, components=score.get("components", {}))
+    assert type(got.reward) is float and all(type(x) is float for x in got.components.values())
+
+
+def test_scored_samples_of_a_batch_are_checked_alike_on_either_path():
+    packed = wire.decode_packed(wire.encode(R.SampleBatch(lease_id="L", samples=[sample("p", 0, [1])]))).samples
+    prompt = R.Prompt(prompt_id="p", n=1, text="q")
+    frame = wire.encode(R.Batch(step=1, policy_version=1, groups=[R.Group(prompt=prompt, samples=[
+        R.ScoredSample(sample=packed[0], reward=0.5, components={"f": 1.0}, status=R.ScoreStatus.FAILED, reason="r")])]))
+    got = wire.decode(frame).groups[0].samples[0]
+    assert (got.reward, got.components, got.status, got.reason) == (0.5, {"f": 1.0}, R.ScoreStatus.FAILED, "r")
+    assert got.sample.versions.tolist() == [1]
+    top = msgpack.unpackb(frame, raw=False)
+    top["b"]["groups"][0]["samples"][0]["reward"] = 1  # an int: the general check converts it
+    assert wire.decode(msgpack.packb(top, use_bin_type=True)).groups[0].samples[0].reward == 1.0
+    top["b"]["groups"][0]["samples"][0]["status"] = "meh"
+    with pytest.raises(wire.WireError, match="is not one of"):
+        wire.decode(msgpack.packb(top, use_bin_type=True))

@@ -62,11 +62,11 @@ class GroupEntry:
         return [i for i, s in enumerate(self.states) if s is state]
 
     def count(self, state: SampleState) -> int:
-        return sum(1 for s in self.states if s is state)
+        return self.states.count(state)  # C loop; members are distinct values, so == is `is` here
 
     def is_complete(self) -> bool:
         """Nothing left to generate or score."""
-        return all(s is SampleState.SCORED or s is SampleState.FAILED for s in self.states)
+        return self.states.count(SampleState.SCORED) + self.states.count(SampleState.FAILED) == len(self.states)
 
     def ok_samples(self) -> list[ScoredSample]:
         return [sc for sc, st in zip(self.scored, self.states) if st is SampleState.SCORED and sc is not None]

@@ -218,8 +218,8 @@ class HubState:
             if g is None or not 0 <= r.sample_index < g.prompt.n or g.states[r.sample_index] is not S.GENERATED:
                 out.rejected["not_generated"] += 1
                 continue
-            status, reason = r.status, r.reason
-            if status is ScoreStatus.OK and not _finite_reward(r):  # fails the sample, never reaches a loss
+            status, reason, finite = r.status, r.reason, _finite_reward(r)
+            if status is ScoreStatus.OK and not finite:  # fails the sample, never reaches a loss
                 status, reason = ScoreStatus.FAILED, f"non-finite reward {r.reward!r} or component"
                 out.rejected["non_finite_reward"] += 1
             failed = status is ScoreStatus.FAILED
@@ -227,7 +227,7 @@ class HubState:
             sample = g.samples[r.sample_index]
             assert sample is not None
             scored = ScoredSample(sample=sample, reward=0.0 if failed else r.reward,
-                                  components=r.components if _finite_reward(r) else {}, status=status, reason=reason)
+                                  components=r.components if finite else {}, status=status, reason=reason)
             g.scored[r.sample_index] = scored
             out.accepted.append((r.prompt_id, r.sample_index))
             out.scored.append(scored)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -42,8 +43,23 @@ _SHAPES = [struct.Struct(f"<{ndim}I") for ndim in range(9)]  # decode: shape aft
 
 
 def pack_array(arr: np.ndarray) -> msgpack.ExtType:
+    header, arr = _array_header(arr)
+    return msgpack.ExtType(ARRAY_EXT, header + arr.tobytes())
+
+
+def array_pieces(arr: np.ndarray, ext_header: Callable[[int], bytes]) -> tuple[bytes, memoryview]:
+    """The msgpack bytes of `pack_array(arr)` as (ext header + array header, a view of the array's memory):
+    no copy where the array is little-endian and C-contiguous. `ext_header(n)`: msgpack's ext header for a
+    payload of n bytes."""
+    header, arr = _array_header(arr)
+    data = memoryview(arr).cast("B") if arr.ndim else memoryview(arr.tobytes())
+    return ext_header(len(header) + len(data)) + header, data
+
+
+def _array_header(arr: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """(dtype code, ndim, shape) header of `arr`, and `arr` as little-endian C-contiguous (a copy only if not)."""
     dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-    code = _CODES.get(np.dtype(dt))
+    code = _CODES.get(dt)
     if code is None:
         raise TypeError(f"array dtype {arr.dtype} cannot travel; allowed: {sorted(map(str, _CODES))}")
     if arr.ndim > 8:
@@ -51,7 +67,7 @@ def pack_array(arr: np.ndarray) -> msgpack.ExtType:
     header = _HEADERS[arr.ndim].pack(code, arr.ndim, *arr.shape)
     if dt is not arr.dtype or not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr, dtype=dt)
-    return msgpack.ExtType(ARRAY_EXT, header + arr.tobytes())
+    return header, arr
 
 
 # ------------------------------------------------------------------------------------- decode

@@ -1,9 +1,10 @@
 """Records -> frames.
 
 A body is the record's fields as a msgpack map, nested records as maps, arrays as ext type 1
-(`asyncrl.wire.arrays`). Messages that carry stored samples (Batch, Completion) are composed
-piece by piece so that each `PackedSample`'s bytes are spliced in as they are; the frame is
-byte-identical to encoding the full Samples.
+(`asyncrl.wire.arrays`). Messages that carry samples (SampleBatch, Batch, Completion) are composed
+piece by piece: each `PackedSample`'s bytes are spliced in as they are, and each Sample's arrays go in as
+views of their memory behind a prebuilt ext header (no ExtType, no copy until the frame's one join). The
+frame is byte-identical to encoding the full Samples with msgpack (tests/test_wire*.py hold it to that).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import msgpack
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.wire.arrays import pack_array
+from asyncrl.wire.arrays import ARRAY_EXT, DTYPES, F4, I4, VECTOR_HEADER, array_pieces, pack_array
 from asyncrl.wire.envelope import wire_name
 from asyncrl.wire.sample import PackedSample, sample_body
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # record class -> field names (encode hot path)
-_SPLICE_MESSAGES = (R.Batch, R.Completion)  # what the hub sends with stored samples inside
+_SPLICE_MESSAGES = (R.SampleBatch, R.Batch, R.Completion)  # what carries samples: composed, not packb
 _SPLICE_PARENTS = (R.Batch, R.Group, R.ScoredSample, R.SampleBatch, R.Completion)
 _SPLICE_KEYS: dict[type, tuple[bytes, list[tuple[str, bytes]]]] = {}
 _SCORED_FIELDS = ("sample", "reward", "components", "status", "reason")  # the order `_compose` writes them in
@@ -60,10 +61,12 @@ _PACKER = msgpack.Packer(default=_default, use_bin_type=True)
 _pack = _PACKER.pack
 
 
-def _compose(obj: Any, out: list[bytes | memoryview]) -> None:
-    """Append the msgpack pieces of `obj` to `out`, each PackedSample as its bytes."""
+def _compose(obj: Any, out: list[Any]) -> None:
+    """Append the msgpack pieces of `obj` to `out` (buffers for one join), each PackedSample as its bytes."""
     if type(obj) is PackedSample:
         out.append(obj.raw)
+    elif type(obj) is R.Sample:
+        _compose_sample(obj, out)
     elif type(obj) is R.ScoredSample:  # one per sample of a Batch: straight-line, same bytes as the loop below
         header, keys = _splice_keys(R.ScoredSample)
         out.append(header)
@@ -87,6 +90,56 @@ def _compose(obj: Any, out: list[bytes | memoryview]) -> None:
                 out.append(_pack(value))
     else:
         out.append(_pack(obj))
+
+
+def _compose_sample(s: R.Sample, out: list[Any]) -> None:
+    """A Sample's map (`sample_body`: the same keys in the same order) with each array as its headers and the
+    array itself (the frame's join reads its memory): the bytes msgpack would write, without packing arrays."""
+    body = sample_body(s)
+    out.append(_PACKER.pack_map_header(len(body)))
+    keys, vectors = _SAMPLE_KEYS, _VECTOR_CODES
+    for name, value in body.items():
+        out.append(keys[name])
+        if type(value) is not np.ndarray:
+            out.append(_pack(value))
+            continue
+        code = vectors.get(value.dtype) if value.ndim == 1 and value.flags.c_contiguous else None
+        if code is None:  # any other array: correct, not fast
+            out.extend(array_pieces(value, _ext_header))
+            continue
+        head = _VECTOR_HEADS.get((code, len(value)))
+        if head is None:
+            head = _vector_head(code, len(value))
+            if len(_VECTOR_HEADS) < _MAX_VECTOR_HEADS:
+                _VECTOR_HEADS[(code, len(value))] = head
+        out.append(head)
+        out.append(value)
+
+
+def _vector_head(code: int, n: int) -> bytes:
+    """ext header + array header of a 1-d array of dtype `code` and length n."""
+    return _ext_header(VECTOR_HEADER + n * DTYPES[code].itemsize) + bytes((code, 1)) + n.to_bytes(4, "little")
+
+
+def _ext_header(length: int) -> bytes:
+    """msgpack's header of an ARRAY_EXT value of `length` payload bytes (fixext where msgpack uses one)."""
+    fixed = _FIXEXT.get(length)
+    if fixed is not None:
+        return fixed
+    if length <= 0xFF:
+        return b"\xc7" + length.to_bytes(1, "big") + _EXT_CODE
+    if length <= 0xFFFF:
+        return b"\xc8" + length.to_bytes(2, "big") + _EXT_CODE
+    return b"\xc9" + length.to_bytes(4, "big") + _EXT_CODE
+
+
+_EXT_CODE = ARRAY_EXT.to_bytes(1, "big")
+_FIXEXT = {1: b"\xd4" + _EXT_CODE, 2: b"\xd5" + _EXT_CODE, 4: b"\xd6" + _EXT_CODE, 8: b"\xd7" + _EXT_CODE,
+           16: b"\xd8" + _EXT_CODE}
+_SAMPLE_KEYS = {f.name: _pack(f.name) for f in dataclasses.fields(R.Sample)}
+_VECTOR_CODES = {DTYPES[I4]: I4, DTYPES[F4]: F4}  # the dtypes of a Sample's arrays (little-endian)
+_VECTOR_HEADS: dict[tuple[int, int], bytes] = {}  # (dtype code, length) -> headers: response lengths repeat
+_MAX_VECTOR_HEADS = 8192  # bound of that cache (beyond it headers are built each time)
 
 
 def _splice_keys(cls: type) -> tuple[bytes, list[tuple[str, bytes]]]:

@@ -24,7 +24,7 @@ import msgpack
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.wire.arrays import DTYPES, F4, I4, VECTOR_HEADER, as_numpy, vector
+from asyncrl.wire.arrays import ARRAY_EXT, DTYPES, F4, I4, VECTOR_HEADER, as_numpy, vector
 from asyncrl.wire.checks import Where, WireError, dict_of, fail, path, scalar
 from asyncrl.wire.frames import unpackb
 
@@ -36,6 +36,9 @@ _FLOAT = scalar(float)
 EPISODE_FIELDS: dict[str, Any] = {"loss_mask": None, "turn_rewards": None, "env_reward": None, "env_error": "",
                                   "rollout": {}}
 _BASE_FIELDS = tuple(f.name for f in dataclasses.fields(R.Sample) if f.name not in EPISODE_FIELDS)
+_BASE_KEYS = frozenset(_BASE_FIELDS)
+_REQUIRED = frozenset(f.name for f in dataclasses.fields(R.Sample)
+                      if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 Scoring = tuple[str, R.FinishReason, float | None, str]  # response_text, finish_reason, env_reward, env_error
 MAX_ENV_ERROR_CHARS = 2048  # longest env_error a peer may send (the generator clips its reasons below this)
 
@@ -120,11 +123,12 @@ def sample_body(s: R.Sample) -> dict[str, Any]:
 
 def check_sample(v: Any, where: Where) -> R.Sample:
     """One unpacked Sample map -> the record (arrays are views of the frame)."""
-    pid, idx, finish, prompt, resp, logp, vers, text, timings, gen = _parts(v, where)
+    plain = _plain_parts(v)
+    pid, idx, finish, prompt, resp, logp, vers, text, timings, gen = plain or _parts(v, where)
     return R.Sample(prompt_id=pid, sample_index=idx, finish_reason=finish, prompt_token_ids=as_numpy(prompt, I4),
                     response_token_ids=as_numpy(resp, I4), logprobs=as_numpy(logp, F4),
                     versions=as_numpy(vers, I4), response_text=text, timings=timings, generator=gen,
-                    **_episode(v, finish, resp[1], where))
+                    **({} if plain else _episode(v, finish, resp[1], where)))
 
 
 def pack_sample(v: Any, raw: memoryview, where: Where) -> PackedSample:
@@ -135,9 +139,16 @@ def pack_sample(v: Any, raw: memoryview, where: Where) -> PackedSample:
 def pack_samples(values: list[Any], raws: list[memoryview], where: Where,
                  item: Any = lambda where, i: (where, i)) -> list[PackedSample]:
     """`pack_sample` of each (map, bytes) pair, checked in order; the per-token work (oldest version, finite
-    logprobs) runs once over the whole list instead of four numpy calls per sample."""
+    logprobs) runs once over the whole list instead of four numpy calls per sample. A plain single-turn
+    sample is checked by `_plain_parts` (straight-line); any other, or one it doubts, by `_parts` and
+    `_episode`, which accept or word the error."""
     checked = []
     for i, v in enumerate(values):
+        plain = _plain_parts(v)
+        if plain is not None:
+            pid, idx, finish, _, _, logp, vers, text, _, _ = plain
+            checked.append((pid, idx, vers, logp, (text, finish, None, "")))
+            continue
         at = item(where, i)
         pid, idx, finish, _, resp, logp, vers, text, _, _ = _parts(v, at)
         episode = _episode(v, finish, resp[1], at)
@@ -145,6 +156,39 @@ def pack_samples(values: list[Any], raws: list[memoryview], where: Where,
     oldest, finite = _token_checks([c[2] for c in checked], [c[3] for c in checked])
     return [PackedSample(prompt_id=pid, sample_index=idx, min_version=old, raw=raw, finite=fin, scoring=scoring)
             for (pid, idx, _, _, scoring), raw, old, fin in zip(checked, raws, oldest, finite)]
+
+
+def _plain_parts(v: Any) -> tuple[Any, ...] | None:
+    """A single-turn Sample map (base fields only) that passes every check of `_parts` -> what `_parts`
+    returns for it; None for anything else (a multi-turn sample, a bad one: `_parts` decides). The hot path
+    of the hub and of every peer that decodes samples: one pass, no where-paths, no conversions."""
+    if type(v) is not dict or not _REQUIRED <= v.keys() <= _BASE_KEYS:
+        return None
+    pid, idx, finish = v["prompt_id"], v["sample_index"], v["finish_reason"]
+    if type(pid) is not str or type(idx) is not int or idx < 0 or type(finish) is not str:
+        return None
+    finish = _FINISH.get(finish)
+    text, gen = v.get("response_text", ""), v.get("generator", "")
+    timings = v["timings"] if "timings" in v else {}  # a new map: it becomes the record's
+    if finish is None or type(text) is not str or type(gen) is not str or type(timings) is not dict:
+        return None
+    for k, x in timings.items():
+        if type(k) is not str or type(x) is not float:
+            return None  # an int is a float to `_TIMINGS`: `_parts` converts it
+    prompt, resp, logp, vers = v["prompt_token_ids"], v["response_token_ids"], v["logprobs"], v["versions"]
+    if not (type(prompt) is type(resp) is type(logp) is type(vers) is slice
+            and prompt.start == resp.start == logp.start == vers.start == ARRAY_EXT):
+        return None
+    p, r, lp, vs = prompt.stop, resp.stop, logp.stop, vers.stop
+    if len(p) < VECTOR_HEADER or len(r) < VECTOR_HEADER or len(lp) != len(r) or len(vs) != len(r):
+        return None
+    n = (len(r) - VECTOR_HEADER) >> 2  # headers: dtype code, ndim 1, u32 length; then exactly 4 x length bytes
+    if (p[0] != I4 or p[1] != 1 or len(p) != VECTOR_HEADER + 4 * int.from_bytes(p[2:6], "little")
+            or r[0] != I4 or r[1] != 1 or lp[0] != F4 or lp[1] != 1 or vs[0] != I4 or vs[1] != 1
+            or len(r) != VECTOR_HEADER + 4 * n or int.from_bytes(r[2:6], "little") != n
+            or r[2:6] != lp[2:6] or r[2:6] != vs[2:6]):
+        return None
+    return pid, idx, finish, (p, (len(p) - VECTOR_HEADER) >> 2), (r, n), (lp, n), (vs, n), text, timings, gen
 
 
 def _token_checks(versions: list[tuple[bytes, int]], logprobs: list[tuple[bytes, int]]) -> tuple[list, list]:

@@ -74,7 +74,60 @@ def record_check(cls: type) -> Check:
         tp = hints[f.name]
         fields.append((f.name, _exact_type(tp), _field_check(tp, cls, f.name), required))
         names.add(f.name)
+    if cls in _PLAIN:
+        _CHECKS[cls] = _PLAIN[cls](check)
+    return _CHECKS[cls]
+
+
+def _plain_score(generic: Check) -> Check:
+    """ScoreResult's check: one per scored sample (a ScoredIds carries hundreds), so a result whose fields all
+    have their exact types is built straight away; any other goes to `generic`, which converts or words the
+    error (the same rules, the same record)."""
+    def check(v: Any, where: Where) -> Any:
+        if type(v) is dict and _SCORE_REQUIRED <= v.keys() <= _SCORE_FIELDS:
+            pid, idx = v["prompt_id"], v["sample_index"]
+            scored = _plain_outcome(v)
+            if scored is not None and type(pid) is str and type(idx) is int:
+                return R.ScoreResult(prompt_id=pid, sample_index=idx, reward=scored[0], components=scored[1],
+                                     status=scored[2], reason=scored[3])
+        return generic(v, where)
+
     return check
+
+
+def _plain_scored(generic: Check) -> Check:
+    """ScoredSample's check (one per sample of a Batch or Completion), as `_plain_score`: the sample by its own
+    check, the score's fields taken as they are when their types are exact, else `generic` decides."""
+    def check(v: Any, where: Where) -> Any:
+        if type(v) is dict and "sample" in v and "reward" in v and v.keys() <= _SCORED_FIELDS:
+            scored = _plain_outcome(v)
+            if scored is not None:
+                return R.ScoredSample(sample=check_sample(v["sample"], (where, "sample")), reward=scored[0],
+                                      components=scored[1], status=scored[2], reason=scored[3])
+        return generic(v, where)
+
+    return check
+
+
+def _plain_outcome(v: dict) -> tuple[float, dict[str, float], R.ScoreStatus, str] | None:
+    """(reward, components, status, reason) of a score map whose values have their exact types; else None."""
+    reward, reason, status = v["reward"], v.get("reason", ""), v.get("status", "ok")
+    components = v["components"] if "components" in v else {}  # a new map: it becomes the record's
+    if (type(reward) is not float or type(reason) is not str or type(status) is not str
+            or status not in _STATUS or type(components) is not dict):
+        return None
+    for k, x in components.items():
+        if type(k) is not str or type(x) is not float:
+            return None
+    return reward, components, _STATUS[status], reason
+
+
+_PLAIN: dict[type, Any] = {R.ScoreResult: _plain_score, R.ScoredSample: _plain_scored}  # fast checks around
+_STATUS = {s.value: s for s in R.ScoreStatus}
+_SCORED_FIELDS = frozenset(f.name for f in dataclasses.fields(R.ScoredSample))
+_SCORE_FIELDS = frozenset(f.name for f in dataclasses.fields(R.ScoreResult))
+_SCORE_REQUIRED = frozenset(f.name for f in dataclasses.fields(R.ScoreResult)
+                            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
 
 def _field_check(tp: Any, owner: type, name: str) -> Check:
