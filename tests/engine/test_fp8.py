@@ -135,3 +135,14 @@ def test_sglang_adapter_checks_the_servers_quantization(served):
             with pytest.raises(ValueError, match=f"generator.weights_dtype='{weights_dtype}' .*--quantization") as e:
                 SGLangEngine(cfg, weights_dtype=weights_dtype)
             assert ("set generator.weights_dtype" in str(e.value)) == (served != "awq")
+
+
+def test_the_generator_config_reaches_the_engine(qwen2_path):
+    from asyncrl.generator.build import build_engine
+    from asyncrl.generator.config import GeneratorConfig
+    from asyncrl.models.config import ModelConfig
+
+    model = ModelConfig(dtype="bfloat16")
+    eng = build_engine(GeneratorConfig(weights_dtype="fp8", max_running=8), model, "cpu", str(qwen2_path))
+    assert eng.fp8 is not None and eng.fp8.nbytes > 0
+    assert build_engine(GeneratorConfig(max_running=8), model, "cpu", str(qwen2_path)).fp8 is None
