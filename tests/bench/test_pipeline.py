@@ -22,7 +22,7 @@ def fake_runs(monkeypatch):
     calls: list[tuple[str, str]] = []
     per_mode = {"async": [1.0, 3.0, 2.0], "sync": [0.5, 0.7, 0.6]}
 
-    def run_mode(config, overrides, run_dir):
+    def run_mode(config, overrides, run_dir, stop_after=0):
         run_dir.mkdir(parents=True)
         calls.append((run_dir.name, overrides[-1]))
 
@@ -72,7 +72,7 @@ def test_relative_spans_are_in_time_order_from_the_first():
 def test_a_failed_run_still_removes_the_directories(monkeypatch, tmp_path):
     monkeypatch.setattr(bp.tempfile, "tempdir", str(tmp_path))
 
-    def failing(config, overrides, run_dir):
+    def failing(config, overrides, run_dir, stop_after=0):
         run_dir.mkdir(parents=True)
         raise SystemExit("bench.pipeline: the run failed")
 
