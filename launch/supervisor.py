@@ -21,7 +21,6 @@ checkpoint and stop (SIGINT to the learner ranks), then stops the rest.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from pathlib import Path
@@ -71,7 +70,9 @@ class Supervisor:
                                   if cfg.launch.prometheus else {})
         self.secret = RunSecret.ensure(run_dir)
         self.credentials = Credentials.for_role(self.secret, "launcher")
-        os.environ.update(self.credentials.to_env())  # this process's own peers (the feeder) are the launcher
+        # This process's own peers (the feeder, the readiness probe) are given these credentials; the process
+        # environment is left alone (a launcher inside another program, a bench or a test, must not change
+        # which role that program's later peers prove).
         self.children: dict[str, Child] = {}
         self.budgets: dict[str, RestartBudget] = {}
         self.pending: dict[str, float] = {}  # service -> monotonic time of its restart (after the backoff)
@@ -120,7 +121,7 @@ class Supervisor:
                                     credentials=self.credentials, reconnect_s=0)
                 self.peer.request(R.StatsRequest())  # waits until the hub answers
                 self.peer.timeout_s = 3.0  # the watch loop must not stall on a dead hub
-        self.feeder = Feeder(self.cfg, self.endpoints["replay"], self.run_dir)
+        self.feeder = Feeder(self.cfg, self.endpoints["replay"], self.run_dir, credentials=self.credentials)
         self.feeder.start()
 
     def _budget(self) -> RestartBudget:

@@ -16,10 +16,14 @@ from launch.supervisor import Supervisor
 PLACEMENT = Placement(learner=["cpu"], generators=["cpu"], weight_paths=["gloo"])
 
 
-@pytest.fixture(autouse=True)
-def own_environ(monkeypatch):
-    """The Supervisor puts the launcher's credentials in os.environ: keep them out of later tests' peers."""
-    monkeypatch.setattr(os, "environ", dict(os.environ))
+def test_a_launcher_inside_another_process_leaves_its_environment_alone(tmp_path):
+    """The launcher's own peers get its credentials passed in: a Supervisor built inside a bench or a test must
+    not make that process's later clients prove the launcher's role with another run's key (a hub drops such
+    frames unanswered: three e2e tests timed out after an in-process bench.pipeline run)."""
+    before = dict(os.environ)
+    sup = Supervisor(load_run_config(None, []), tmp_path, resume=False, placement=PLACEMENT)
+    assert dict(os.environ) == before
+    assert sup.credentials.role == "launcher"
 
 
 def test_run_json_lists_loopback_metrics_endpoints_and_services_get_only_run_dir_and_name(tmp_path):
