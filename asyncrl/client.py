@@ -90,8 +90,9 @@ class Handle:
 
 def client_credentials(run_dir: str | Path | None) -> Credentials | None:
     """Role "client" from the run directory's secret (readable by its owner only); else the environment's
-    (none: a hub without authentication, e.g. an in-process BackgroundHub)."""
-    if run_dir is None or Credentials.from_env() is not None or not (Path(run_dir) / SECRET_FILE).exists():
+    (none: a hub without authentication, e.g. an in-process BackgroundHub). The run directory wins over the
+    environment: credentials a process inherited belong to whatever run started it, not necessarily to this one."""
+    if run_dir is None or not (Path(run_dir) / SECRET_FILE).exists():
         return None
     return Credentials.from_run_dir(run_dir, "client")
 

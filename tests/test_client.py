@@ -149,3 +149,18 @@ def test_task_prompts_get_their_answer_and_unscorable_ones_are_refused_at_submit
         assert handle.result(timeout_s=10)[0].components == {"target": 1.0}
         with pytest.raises(ValueError, match="give target= or reward=, not both"):
             client.submit("hello", target="4", reward="4")
+
+
+def test_a_run_directory_s_secret_wins_over_credentials_the_process_inherited(tmp_path, monkeypatch):
+    """A process started by another run (or a launcher inside this one) carries that run's key in its
+    environment; a Client given this run's directory proves "client" with this run's secret."""
+    from asyncrl.net.credentials import Credentials, RunSecret
+    from asyncrl.client import client_credentials
+
+    other = Credentials.for_role(b"\x07" * 32, "launcher")
+    for key, value in other.to_env().items():
+        monkeypatch.setenv(key, value)
+    assert client_credentials(None) is None  # no run directory: the peer takes the environment's
+    secret = RunSecret.ensure(tmp_path)
+    mine = client_credentials(tmp_path)
+    assert mine == Credentials.for_role(secret, "client") and mine.key != other.key

@@ -12,6 +12,9 @@ a repeat is either answered again or refused with a reason), after that TimeoutE
 
 Authentication (asyncrl.net.credentials): the socket proves `credentials` (default: the role and key the
 launcher put in the environment, `Credentials.from_env()`; none: an unauthenticated hub, e.g. in tests).
+A hub refuses a connection whose credentials are wrong at the handshake and never answers on it; a socket
+monitor sees that refusal, and a request that waits on such a connection raises `HubRefused` at its next
+wait slice instead of timing out (it is never retried: the same credentials are refused again).
 `reconnect_s` defaults to ASYNCRL_HUB_RECONNECT_S from the launcher, else 0; `give_up()` (a service's stop
 flag) ends the retries early, and a wait for a reply after STOPPING_GRACE_S: a service stopping because its
 launcher died must not wait out the full timeout for a hub that died with it.
@@ -35,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from asyncrl import records as R
 from asyncrl import wire
@@ -58,6 +62,18 @@ class HubError(RuntimeError):
         super().__init__(f"hub rejected {request_type or 'request'}: {reason}")
         self.reason = reason
         self.request_type = request_type
+
+
+class HubRefused(PermissionError):
+    """The hub refused this peer's connection at the handshake (wrong run secret or role, or no credentials
+    for a hub that requires them)."""
+
+
+_HANDSHAKE_FAILURES = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused this peer's credentials (a key of another run's secret?)",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "refused the handshake (an authenticated hub and a peer without "
+                                         "credentials, or the reverse?)",
+}
 
 
 class HubPeer:
@@ -85,8 +101,26 @@ class HubPeer:
         sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame_bytes)  # beyond: ZeroMQ drops the connection
         if self.credentials is not None:
             self.credentials.apply(sock, self.name, self.endpoint)
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_HANDSHAKE_FAILURES))
+        self.handshake_ok = False
         sock.connect(self.endpoint)
         return sock
+
+    def _check_handshake(self) -> None:
+        """Raise HubRefused if the hub refused this connection and never accepted it (monitor events so far)."""
+        while not self.handshake_ok and self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshake_ok = True
+            elif event in _HANDSHAKE_FAILURES:
+                role = self.credentials.role if self.credentials is not None else "none"
+                raise HubRefused(f"the hub at {self.endpoint} {_HANDSHAKE_FAILURES[event]}; "
+                                 f"this peer: {self.name}, role {role}")
+
+    def _close_socket(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
+        self.sock.close(linger=0)
 
     def request(self, msg: Any) -> Any:
         """Send `msg`, return the hub's reply record. Raises HubError or TimeoutError."""
@@ -108,6 +142,7 @@ class HubPeer:
         while True:
             reply = self._recv_until(min(deadline, time.monotonic() + _SLICE_S))
             if reply is None:
+                self._check_handshake()
                 now = time.monotonic()
                 if now < deadline and not self._stopped_waiting(now, sent):
                     continue
@@ -132,6 +167,7 @@ class HubPeer:
                 self.sock.send(frame, copy=False, flags=zmq.NOBLOCK)
                 return
             except zmq.Again:
+                self._check_handshake()
                 now = time.monotonic()
                 if now >= deadline or self._stopped_waiting(now, sent):
                     self._replace_socket()
@@ -141,7 +177,7 @@ class HubPeer:
 
     def _replace_socket(self) -> None:
         """A new connection after a request failed: a late reply on the old one is never read."""
-        self.sock.close(linger=0)
+        self._close_socket()
         self.sock = self._connect()
 
     def _stopped_waiting(self, now: float, sent: float) -> bool:
@@ -182,7 +218,7 @@ class HubPeer:
             log.warning("%s: rejected a frame from %s (%s, #%d): %s", self.name, self.endpoint, reason, n, detail[:300])
 
     def close(self) -> None:
-        self.sock.close(linger=0)
+        self._close_socket()
 
     def __enter__(self) -> HubPeer:
         return self
