@@ -42,20 +42,23 @@ import numpy as np
 
 from asyncrl import records as R
 from asyncrl.net.credentials import SECRET_FILE, Credentials
-from asyncrl.net.peer import HubError, HubPeer
+from asyncrl.net.hub_shards import hub_endpoints
+from asyncrl.net.peer import HubError
+from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.reward.reference import RewardComponentRef, complete_reference, run_reward_components
 from asyncrl.task.prompt_row import parse_row
 
 PromptLike = str | list[int] | dict[str, Any] | R.Prompt
 
 
-def endpoint_from_run_dir(run_dir: str | Path) -> str:
-    """The replay endpoint of a run: run.json "endpoints"["replay"] (the launcher writes it before the hub starts)."""
+def endpoints_from_run_dir(run_dir: str | Path) -> list[str]:
+    """The hub's endpoints of a run (one per shard): run.json's "endpoints" (the launcher writes them before the
+    hub starts)."""
     run_json = Path(run_dir) / "run.json"  # read here: the client sits below asyncrl.run, which writes it
-    endpoint = json.loads(run_json.read_text()).get("endpoints", {}).get("replay") if run_json.exists() else None
-    if not endpoint:
+    endpoints = json.loads(run_json.read_text()).get("endpoints", {}) if run_json.exists() else {}
+    if not endpoints.get("replay"):
         raise FileNotFoundError(f"{run_dir}: no run.json with endpoints.replay; is the run up?")
-    return endpoint
+    return hub_endpoints(endpoints)
 
 
 @dataclass(slots=True)
@@ -98,17 +101,19 @@ def client_credentials(run_dir: str | Path | None) -> Credentials | None:
 
 
 class Client:
-    def __init__(self, endpoint: str | None = None, *, run_dir: str | Path | None = None,
+    def __init__(self, endpoint: str | list[str] | None = None, *, run_dir: str | Path | None = None,
                  name: str = "", timeout_s: float = 30.0,
                  reward_components: list[RewardComponentRef] | None = None,
                  credentials: Credentials | None = None) -> None:
         """`credentials`: the role to prove (default: "client" from the run directory's secret, else the
-        environment's); a service of the run that submits as a client (the evaluator) passes its own."""
+        environment's); a service of the run that submits as a client (the evaluator) passes its own.
+        `endpoint`: the hub's, or a list of its shards' (hub.shards)."""
         if (endpoint is None) == (run_dir is None):
             raise ValueError("Client: give exactly one of endpoint or run_dir")
-        self.endpoint = endpoint or endpoint_from_run_dir(run_dir)  # type: ignore[arg-type]
+        endpoints = endpoints_from_run_dir(run_dir) if endpoint is None else [endpoint] if isinstance(endpoint, str) else endpoint  # type: ignore[arg-type]
+        self.endpoint = ",".join(endpoints)
         self.name = name or f"client-{uuid.uuid4().hex[:8]}"
-        self.peer = HubPeer(self.endpoint, self.name, timeout_s=timeout_s, credentials=credentials or client_credentials(run_dir))
+        self.peer = hub_peer(endpoints, self.name, timeout_s=timeout_s, credentials=credentials or client_credentials(run_dir))
         self.handles: dict[str, Handle] = {}
         # The run's reward components (to check that submitted prompts can be scored); None: unknown.
         self.reward_components = reward_components if run_dir is None else run_reward_components(run_dir)
@@ -200,7 +205,7 @@ class Client:
 class AsyncClient:
     """`Client` for asyncio code: the same calls as coroutines, run on one worker thread."""
 
-    def __init__(self, endpoint: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, endpoint: str | list[str] | None = None, **kwargs: Any) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncrl-client")
         self.client = Client(endpoint, **kwargs)
 

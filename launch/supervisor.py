@@ -1,6 +1,6 @@
 """Start, watch and stop the processes of one run.
 
-    launcher ─spawn─▶ replay ─▶ learner ranks ─▶ generators ─▶ reward workers
+    launcher ─spawn─▶ replay (or replay-0..N-1: hub.shards) ─▶ learner ranks ─▶ generators ─▶ reward workers
         │  on a Host (launch/host.py): this machine, or Ray nodes; each service binds the address of its node
         │  secret: RUN_DIR/secret (0600); each child gets its role's key in its environment
         │  feeder thread: keeps the hub's prompt queue topped up
@@ -30,7 +30,9 @@ from asyncrl import records as R
 from asyncrl.config.run import RunConfig
 from asyncrl.net.credentials import Credentials, RunSecret
 from asyncrl.run.feeder import Feeder
+from asyncrl.net.hub_shards import metrics_key, shard_name
 from asyncrl.net.peer import ENV_RECONNECT, HubPeer
+from asyncrl.net.sharded_peer import ShardedPeer, hub_peer
 from asyncrl.plot.evals import read_evals
 from asyncrl.observe.prometheus import LOOPBACK, metrics_url
 from asyncrl.run.rundir import last_metrics, write_json, write_run_json
@@ -62,12 +64,15 @@ class Supervisor:
         self._taken: set[int] = set()
         # The hub binds its host's address, learner rank 0 its own (weights socket, both rendezvous stores);
         # Prometheus endpoints are on loopback where each runs (the hub keeps its ports across restarts).
+        self.hubs = [shard_name(k, cfg.hub.shards) for k in range(cfg.hub.shards)]  # one process per hub shard
         hub_at, self.master_addr = self.host.address("replay"), self.host.address("learner-0")
-        hub_port, hub_metrics = self._ports("replay", [hub_at, LOOPBACK])
+        hub_ports = [self._ports(name, [hub_at, LOOPBACK]) for name in self.hubs]  # (endpoint, metrics) per shard
         weights_port, self.master_port, learner_metrics = self._ports("learner-0", [self.master_addr] * 2 + [LOOPBACK])
-        self.endpoints = {"replay": f"tcp://{hub_at}:{hub_port}", "weights": f"tcp://{self.master_addr}:{weights_port}"}
-        self.metrics_endpoints = ({"hub": metrics_url(hub_metrics), "learner": metrics_url(learner_metrics)}
-                                  if cfg.launch.prometheus else {})
+        shards = [f"tcp://{hub_at}:{port}" for port, _ in hub_ports]
+        self.endpoints: dict[str, Any] = {"replay": shards[0], "replay_shards": shards,
+                                          "weights": f"tcp://{self.master_addr}:{weights_port}"}
+        self.metrics_endpoints = ({**{metrics_key(k): metrics_url(m) for k, (_, m) in enumerate(hub_ports)},
+                                   "learner": metrics_url(learner_metrics)} if cfg.launch.prometheus else {})
         self.secret = RunSecret.ensure(run_dir)
         self.credentials = Credentials.for_role(self.secret, "launcher")
         # This process's own peers (the feeder, the readiness probe) are given these credentials; the process
@@ -77,7 +82,7 @@ class Supervisor:
         self.budgets: dict[str, RestartBudget] = {}
         self.pending: dict[str, float] = {}  # service -> monotonic time of its restart (after the backoff)
         self.feeder: Feeder | None = None
-        self.peer: HubPeer | None = None
+        self.peer: HubPeer | ShardedPeer | None = None
         batch_samples = cfg.batch.prompts_per_step * cfg.batch.samples_per_prompt
         self.watchdog = ProgressWatchdog(cfg.launch.stall_timeout_s, fail_fast_samples=2 * batch_samples)
 
@@ -93,8 +98,8 @@ class Supervisor:
 
     def specs(self) -> list[ProcessSpec]:
         cfg = self.cfg
-        out = [ProcessSpec(name="replay", module="services.replay", restartable=True,
-                           args=["--run-dir", str(self.run_dir), "--name", "replay"])]
+        out = [ProcessSpec(name=name, module="services.replay", restartable=True,
+                           args=["--run-dir", str(self.run_dir), "--name", name]) for name in self.hubs]
         world = cfg.learner.ranks
         gpu = nccl_env() if any(d.startswith("cuda") for d in self.placement.learner + self.placement.generators) else {}
         for rank, device in enumerate(self.placement.learner):
@@ -116,12 +121,12 @@ class Supervisor:
             self.children[spec.name] = self.host.spawn(spec, self.run_dir / "logs")
             self.budgets[spec.name] = self._budget()
             self._write_run_json()
-            if spec.name == "replay":
-                self.peer = HubPeer(self.endpoints["replay"], "launcher", timeout_s=HUB_READY_S,
-                                    credentials=self.credentials, reconnect_s=0)
-                self.peer.request(R.StatsRequest())  # waits until the hub answers
+            if spec.name == self.hubs[-1]:
+                self.peer = hub_peer(self.endpoints["replay_shards"], "launcher", timeout_s=HUB_READY_S,
+                                     credentials=self.credentials, reconnect_s=0)
+                self.peer.request(R.StatsRequest())  # waits until every shard answers
                 self.peer.timeout_s = 3.0  # the watch loop must not stall on a dead hub
-        self.feeder = Feeder(self.cfg, self.endpoints["replay"], self.run_dir, credentials=self.credentials)
+        self.feeder = Feeder(self.cfg, self.endpoints["replay_shards"], self.run_dir, credentials=self.credentials)
         self.feeder.start()
 
     def _budget(self) -> RestartBudget:
@@ -166,14 +171,14 @@ class Supervisor:
         final accounting, stop the hub."""
         if self.feeder is not None:
             self.feeder.stop()
-        stop([c for n, c in self.children.items() if n != "replay"])  # together: each ends on its own, the hub stays
+        stop([c for n, c in self.children.items() if n not in self.hubs])  # together: each ends on its own, the hub stays
         stats = self._final_stats()
         if self.peer is not None:
             try:
                 self.peer.request(R.Shutdown(reason="run finished"))
             except Exception:  # noqa: BLE001 - the hub may already be gone
                 pass
-        stop([c for n, c in self.children.items() if n == "replay"])
+        stop([c for n, c in self.children.items() if n in self.hubs])
         if self.peer is not None:
             self.peer.close()
         self.host.close()
@@ -228,16 +233,18 @@ class Supervisor:
             log.warning("could not report %s down to the hub: %s", child.spec.name, e)
 
     def _final_stats(self) -> dict:
-        hub = self.children.get("replay")
-        if hub is None:
+        hubs = [n for n in self.hubs if n in self.children]
+        if not hubs:
             return self._stats()
-        if hub.proc.poll() is not None and self.budgets["replay"].take() is not None:  # no backoff at the end
-            log.warning("the hub is down at the end; restarting it from its log for the final accounting")
-            self.children["replay"] = self.host.spawn(hub.spec, self.run_dir / "logs")
+        for name in hubs:
+            hub = self.children[name]
+            if hub.proc.poll() is not None and self.budgets[name].take() is not None:  # no backoff at the end
+                log.warning("%s is down at the end; restarting it from its log for the final accounting", name)
+                self.children[name] = self.host.spawn(hub.spec, self.run_dir / "logs")
         deadline = time.monotonic() + HUB_READY_S
         while True:
             stats = self._stats()
-            if stats or time.monotonic() > deadline or self.children["replay"].proc.poll() is not None:
+            if stats or time.monotonic() > deadline or any(self.children[n].proc.poll() is not None for n in hubs):
                 return stats
 
     def _stats(self) -> dict:

@@ -1,9 +1,10 @@
 """Replay hub service: read the run directory → build the hub → serve until SIGTERM/SIGINT → close.
 
-    python -m services.replay --run-dir RUN_DIR --name replay
+    python -m services.replay --run-dir RUN_DIR --name replay        # replay-K: shard K of hub.shards
 
-Binds run.json's endpoints["replay"] (the launcher picked it; port 0: any free port) and serves
-Prometheus metrics at run.json's metrics_endpoints["hub"] when there is one. Prints {"endpoint": ...}
+Binds run.json's endpoints["replay"] (the launcher picked it; port 0: any free port; shard K:
+endpoints["replay_shards"][K], its journal in RUN_DIR/replay-K/) and serves Prometheus metrics at
+run.json's metrics_endpoints["hub"] (shard K > 0: "hub-K") when there is one. Prints {"endpoint": ...}
 as one JSON line once bound (readiness, for scripts that start it by hand). Every peer must
 authenticate with the run's secret (RUN_DIR/secret, created here if the launcher did not).
 A damaged journal (LogCorrupt) ends it with one line on stderr and exit status 2.
@@ -17,12 +18,14 @@ import sys
 from pathlib import Path
 
 from asyncrl.net.credentials import RunSecret
+from asyncrl.net.hub_shards import HubShard
 from asyncrl.run.lifecycle import start_service
 from asyncrl.observe.prometheus import url_port
+from asyncrl.replay.config import shard_batch
 from asyncrl.replay.hub import Hub, install_uvloop, settle_gc
 from asyncrl.replay.log import LogCorrupt
 
-EXIT_LOG_CORRUPT = 2  # the journal is damaged: restarting cannot help, a person must act
+EXIT_LOG_CORRUPT = 2  # the journal is damaged (or the name no shard): restarting cannot help, a person must act
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,9 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(started.args.run_dir)
     install_uvloop()
     try:
-        hub = Hub(cfg.hub, cfg.batch, run_dir, run["endpoints"]["replay"], secret=RunSecret.ensure(run_dir),
-                  metrics_port=url_port(run.get("metrics_endpoints", {}).get("hub", "")),
+        shard = HubShard.of(started.args.name, cfg.hub.shards, run_dir)
+        hub = Hub(cfg.hub, shard_batch(cfg.batch, cfg.hub.shards), shard.journal_dir(), shard.endpoint(run),
+                  secret=RunSecret.ensure(run_dir), metrics_port=url_port(shard.metrics_endpoint(run)),
                   filter_uniform=cfg.learner.resolved_filter_refill)
+    except ValueError as e:  # a name that is no shard of this run
+        print(f"replay: {e}", file=sys.stderr, flush=True)
+        return EXIT_LOG_CORRUPT
     except LogCorrupt as e:  # damaged history: one line naming file, offset and what to do; no traceback
         print(f"replay: cannot resume: {e}", file=sys.stderr, flush=True)
         return EXIT_LOG_CORRUPT

@@ -9,7 +9,8 @@ import asyncio
 
 from asyncrl.net.heartbeat import fatal_to_hub
 from asyncrl.run.lifecycle import StopFlag, start_service
-from asyncrl.net.peer import HubPeer
+from asyncrl.net.hub_shards import hub_endpoints
+from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.reward.scorer import Scorer
 from asyncrl.reward.worker import RewardWorker
 
@@ -24,12 +25,12 @@ async def serve(worker: RewardWorker, scorer: Scorer, stop: StopFlag) -> None:
 def main() -> None:
     started = start_service("asyncrl reward worker", "reward")
     args, log, stop, cfg = started.args, started.log, started.stop, started.cfg
-    endpoint = started.run["endpoints"]["replay"]
-    peer = HubPeer(endpoint, args.name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
+    endpoints = hub_endpoints(started.run["endpoints"])
+    peer = hub_peer(endpoints, args.name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     peer.give_up = stop.is_set
     scorer = Scorer(cfg.reward)
     worker = RewardWorker(peer, scorer, cfg.reward, args.name)
-    log.info("reward worker %s serving %s with %s", args.name, endpoint, [c.name for c in cfg.reward.components])
+    log.info("reward worker %s serving %s with %s", args.name, ", ".join(endpoints), [c.name for c in cfg.reward.components])
     try:
         with fatal_to_hub(peer, "reward", args.name):
             asyncio.run(serve(worker, scorer, stop))

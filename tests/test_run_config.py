@@ -58,3 +58,13 @@ def test_checkpoint_interval_beyond_the_hubs_commit_window_is_refused_at_load():
     assert load_run_config(None, ["learner.steps=10", "learner.checkpoint_every=100"]).learner.checkpoint_every == 100
     with pytest.raises(ConfigError, match="hub.max_uncommitted_steps >= 130"):
         load_run_config(None, ["learner.steps=129", "learner.checkpoint_every=200"])
+
+
+def test_hub_shards_need_a_step_they_can_split_and_the_local_placement():
+    assert load_run_config(None, ["hub.shards=2"]).hub.shards == 2  # 8 prompts per step: 4 on each shard
+    with pytest.raises(ValueError, match=r"batch.prompts_per_step=8 is not a multiple of hub.shards=3"):
+        load_run_config(None, ["hub.shards=3"])
+    with pytest.raises(ValueError, match=r"hub.shards=0: must be >= 1"):
+        load_run_config(None, ["hub.shards=0"])
+    with pytest.raises(ValueError, match=r"hub.shards=2 with launch.placement='ray'.*launch.placement = \"local\""):
+        load_run_config(None, ["hub.shards=2", "launch.placement=ray"])

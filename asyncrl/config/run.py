@@ -11,7 +11,7 @@ from asyncrl.evaluation.config import EvalConfig
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.learner.config import LearnerConfig, rollout_correction_default
 from asyncrl.models.config import ModelConfig
-from asyncrl.replay.config import BatchConfig, HubConfig
+from asyncrl.replay.config import BatchConfig, HubConfig, shard_batch
 from asyncrl.reward.config import RewardConfig
 from asyncrl.task.config import TaskConfig
 
@@ -57,7 +57,17 @@ class RunConfig:
                 "up to two checkpoint intervals later; raise hub.max_uncommitted_steps or checkpoint more often"
             )
 
+        self._check_shards()
         self._resolve_rollout_precision()
+
+    def _check_shards(self) -> None:
+        if self.hub.shards == 1:
+            return
+        shard_batch(self.batch, self.hub.shards)  # raises unless prompts_per_step is a multiple
+        if self.launch.placement != "local":
+            raise ValueError(f"hub.shards={self.hub.shards} with launch.placement={self.launch.placement!r}: sharded "
+                             "hubs run on the launching host only (for now); set launch.placement = \"local\" or "
+                             "hub.shards = 1")
 
     def _resolve_rollout_precision(self) -> None:
         """FP8 rollouts need a bf16 model, and `learner.off_policy = "auto"` becomes their correction (tis)."""

@@ -19,7 +19,8 @@ from asyncrl.rollout.environment import load_environment
 from asyncrl.rollout.multi_turn import MultiTurn
 from asyncrl.rollout.protocol import Rollout
 from asyncrl.rollout.single_turn import SingleTurn
-from asyncrl.net.peer import HubPeer
+from asyncrl.net.hub_shards import hub_endpoints
+from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.observe.timeline import Timeline
 from asyncrl.weights.receiver import WeightReceiver
 
@@ -64,7 +65,7 @@ def build_generator(
     model_path = resolve_model_path(model)
     engine = build_engine(gen, model, device, model_path, lora)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    hub = HubPeer(endpoints["replay"], name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
+    hub = hub_peer(hub_endpoints(endpoints), name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     weights = WeightReceiver(endpoints["weights"], name, device, engine, credentials=Credentials.from_env())
     timeline = Timeline(run_dir, name)
     rollout = build_rollout(gen.rollout, tokenizer, engine.limits().vocab_size)

@@ -53,7 +53,9 @@ from asyncrl.learner.trainer import Trainer
 from asyncrl.observe.metrics import MetricsWriter
 from asyncrl.net.nccl_env import set_nccl_defaults
 from asyncrl.net.tcp_store import bound_store, client_store
-from asyncrl.net.peer import HubError, HubPeer
+from asyncrl.net.hub_shards import hub_endpoints
+from asyncrl.net.peer import HubError
+from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.rollout.metrics import episode_metrics
 from asyncrl.task.config import TaskConfig
 from asyncrl.observe.timeline import Timeline
@@ -110,7 +112,7 @@ class LearnerService:
                                rescorer=build_rescorer(cfg, model, generator, model_path, device),
                                residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32)
         self.rank = self.trainer.dist.rank
-        self.hub = HubPeer(endpoints["replay"], name, timeout_s=15.0)
+        self.hub = hub_peer(hub_endpoints(endpoints), name, timeout_s=15.0)
         self.hub.give_up = stopping  # stopping: do not wait for a hub that may be gone for good
         self.beats = Heartbeats("learner", name)
         self.push_mode = push_mode  # "full" (no LoRA), "adapter" or "merged"

@@ -32,6 +32,10 @@ class HubConfig:
     """Largest n (group size) a submitted prompt may ask for (memory bound against bad requests)."""
     max_wait_s: float = 60.0
     """Longest a long-poll request (lease, score, batch) is held, whatever its wait_s asks."""
+    shards: int = 1
+    """Hub processes. Each holds the prompts whose id hashes to it, with its own journal (RUN_DIR/replay-K/
+    when more than one), and forms 1/shards of every step's groups; every peer talks to all of them
+    (asyncrl.net.sharded_peer, docs/scale.md). batch.prompts_per_step must be a multiple of it."""
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -53,6 +57,8 @@ class HubConfig:
             raise ValueError(f"hub.max_samples_per_prompt={self.max_samples_per_prompt}: must be >= 1")
         if self.max_wait_s <= 0:
             raise ValueError(f"hub.max_wait_s={self.max_wait_s}: must be > 0")
+        if self.shards < 1:
+            raise ValueError(f"hub.shards={self.shards}: must be >= 1 (1 = one hub process)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,3 +77,12 @@ class BatchConfig:
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.samples_per_prompt
+
+
+def shard_batch(batch: BatchConfig, shards: int) -> BatchConfig:
+    """What one of `shards` hubs hands the learner per step: its share of the groups (the learner joins the
+    shards' parts into the step's batch)."""
+    if batch.prompts_per_step % shards:
+        raise ValueError(f"batch.prompts_per_step={batch.prompts_per_step} is not a multiple of hub.shards={shards}: "
+                         "each shard forms an equal part of every step; change one of the two")
+    return BatchConfig(prompts_per_step=batch.prompts_per_step // shards, samples_per_prompt=batch.samples_per_prompt)

@@ -23,7 +23,8 @@ from asyncrl import records as R
 from asyncrl.models.config import resolve_model_path
 from asyncrl.config.run import RunConfig
 from asyncrl.net.credentials import Credentials
-from asyncrl.net.peer import HubError, HubPeer
+from asyncrl.net.peer import HubError
+from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.run.rundir import write_json
 from asyncrl.task.source import make_prompt_source
 
@@ -31,10 +32,10 @@ log = logging.getLogger(__name__)
 
 
 class Feeder:
-    def __init__(self, cfg: RunConfig, endpoint: str, run_dir: Path, poll_s: float = 0.2,
+    def __init__(self, cfg: RunConfig, endpoints: list[str], run_dir: Path, poll_s: float = 0.2,
                  credentials: Credentials | None = None) -> None:
         """`credentials`: the role the feeder proves (the launcher's); None: the environment's."""
-        self.cfg, self.endpoint, self.poll_s, self.credentials = cfg, endpoint, poll_s, credentials
+        self.cfg, self.endpoints, self.poll_s, self.credentials = cfg, endpoints, poll_s, credentials
         self.cursor_path = Path(run_dir) / "feeder.json"
         self.target = cfg.batch.prompts_per_step * (cfg.hub.max_staleness + 2)
         self._stop = threading.Event()
@@ -76,7 +77,7 @@ class Feeder:
         # A hub killed while our request is in flight never answers it: ask again on a new socket for as long
         # as the launcher may take to restart it (a repeated SubmitPrompts is refused as a duplicate, never
         # queued twice).
-        peer = HubPeer(self.endpoint, "feeder", timeout_s=self.request_timeout_s, reconnect_s=cfg.launch.hub_reconnect_s,
+        peer = hub_peer(self.endpoints, "feeder", timeout_s=self.request_timeout_s, reconnect_s=cfg.launch.hub_reconnect_s,
                        credentials=self.credentials)
         peer.give_up = self._stop.is_set
         try:
