@@ -122,16 +122,3 @@ def loops_forever(client, task):
         if e.status == 410:
             released.set()
         raise
-
-
-def retry_arithmetic(client, task, turns=3):
-    """The embedded arithmetic task with retries (envs/retry_arithmetic.py's rules), as an agent: a wrong
-    answer gets the problem again; reward 0.5 ** (turn - 1) for the right one. configs/openai-agent-cpu.toml."""
-    messages = [{"role": "user", "content": task.text}]
-    for turn in range(1, turns + 1):
-        msg = create(client, messages, tools=None)["choices"][0]["message"]
-        answer = (msg["content"] or "").strip().split(" ")[0]
-        if answer == task.target.strip():
-            return 0.5 ** (turn - 1)
-        messages += [msg, {"role": "user", "content": " " + task.text}]
-    return 0.0
