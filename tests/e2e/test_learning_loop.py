@@ -1,5 +1,6 @@
 """The whole system through the launcher on CPU: the embedded default learns, the synchronous mode
-trains only fresh samples, and a killed learner resumes without dropping or repeating a sample."""
+trains only fresh samples, and a killed learner resumes without dropping or repeating a sample (beside a
+killed hub shard)."""
 
 from __future__ import annotations
 
@@ -117,27 +118,45 @@ def test_deterministic_mode_proximal_equals_behaviour_bitwise(tmp_path):
 
 
 def test_killed_learner_resumes_without_dropping_or_repeating(tmp_path):
+    """With the hub as two shards (hub.shards = 2, each its own process and journal): shard 1 is killed after
+    step 2 and restarted by the launcher from RUN_DIR/replay-1/; the learner is killed after step 4 (one step past
+    the checkpoint at 3); the resumed run trains steps 4-8 again from the same batches: every step once, nothing
+    lost, each sample counted once, each shard half of every step."""
     run_dir = tmp_path / "run"
-    sets = ("learner.steps=8", "learner.checkpoint_every=3")
+    sets = ("hub.shards=2", "learner.steps=8", "learner.checkpoint_every=3")
     proc = launch(run_dir, *sets, wait=False)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # wait until step 4 ran: one step past the checkpoint at 3
-        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 4:
-            break
-        time.sleep(0.2)
-    pid = json.loads((run_dir / "run.json").read_text())["pids"]["learner-0"]
-    os.killpg(pid, signal.SIGKILL)
+    wait_for_steps(run_dir, 2, proc)
+    os.killpg(run_pid(run_dir, "replay-1"), signal.SIGKILL)
+    wait_for_steps(run_dir, 4, proc)
+    os.killpg(run_pid(run_dir, "learner-0"), signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "learner-0 exited" in out, out
+    assert "replay-1 exited" in out, out  # and was restarted: the run went on to step 4
     trained_before = [m["step"] for m in metrics(run_dir)]
     resumed = launch(run_dir, *sets, resume=True)
     assert resumed.returncode == 0, resumed.output
     steps = [m["step"] for m in metrics(run_dir)]
     redone = steps[len(trained_before):]
     assert redone[0] <= 4 and redone[-1] == 8 and sorted(set(steps)) == list(range(1, 9))
-    acc = summary(run_dir)["accounting"]
+    s = summary(run_dir)
+    acc = s["accounting"]
     per_step = {m["step"]: m["samples_trained"] for m in metrics(run_dir)}  # a redone step: its last run
-    assert acc["lost"] == 0 and acc["trained"] == sum(per_step.values()), (acc, per_step)
+    assert acc["lost"] == 0 and acc["trained"] == sum(per_step.values()) == 8 * 8 * 8, (acc, per_step)
+    assert [sh["accounting"]["trained"] for sh in s["hub"]["shards"]] == [8 * 4 * 8] * 2
+    assert all((run_dir / f"replay-{k}" / "replay.log").exists() for k in range(2))
+
+
+def wait_for_steps(run_dir: Path, steps: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= steps:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no step {steps} within 300 s (launcher exit code {proc.poll()})")
+
+
+def run_pid(run_dir: Path, name: str) -> int:
+    return json.loads((run_dir / "run.json").read_text())["pids"][name]
 
 
 def test_abort_mode_returns_inflight_prompts_and_loses_nothing(tmp_path):
