@@ -25,7 +25,7 @@ from asyncrl.replay.config import shard_batch
 from asyncrl.replay.hub import Hub, install_uvloop, settle_gc
 from asyncrl.replay.log import LogCorrupt
 
-EXIT_LOG_CORRUPT = 2  # the journal is damaged (or the name no shard): restarting cannot help, a person must act
+EXIT_LOG_CORRUPT = EXIT_CANNOT_START = 2  # a damaged journal, a name that is no shard: a restart cannot help
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,12 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     install_uvloop()
     try:
         shard = HubShard.of(started.args.name, cfg.hub.shards, run_dir)
+    except ValueError as e:  # a name that is no shard of this run
+        print(f"replay: {e}", file=sys.stderr, flush=True)
+        return EXIT_CANNOT_START
+    try:
         hub = Hub(cfg.hub, shard_batch(cfg.batch, cfg.hub.shards), shard.journal_dir(), shard.endpoint(run),
                   secret=RunSecret.ensure(run_dir), metrics_port=url_port(shard.metrics_endpoint(run)),
                   filter_uniform=cfg.learner.resolved_filter_refill)
-    except ValueError as e:  # a name that is no shard of this run
-        print(f"replay: {e}", file=sys.stderr, flush=True)
-        return EXIT_LOG_CORRUPT
     except LogCorrupt as e:  # damaged history: one line naming file, offset and what to do; no traceback
         print(f"replay: cannot resume: {e}", file=sys.stderr, flush=True)
         return EXIT_LOG_CORRUPT

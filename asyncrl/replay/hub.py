@@ -19,9 +19,10 @@ One turn of the loop: wait for frames, the journal's wake-up or the tick → dra
 and handle them → tick (expire leases, time out long polls) or pump parked requests → hand the turn's
 log records to the journal's writer thread (`asyncrl.replay.flusher`: write + one fsync for every turn
 queued meanwhile) → send the replies whose records are durable. Replies leave only after the log holds
-what they acknowledge: each turn's replies are held under the ticket of its records (and of every record
-before them) until the writer thread reports that ticket durable; the loop meanwhile serves the next
-frames, so the disk's latency overlaps the hub's work instead of stalling it.
+what they acknowledge (leases, work to score and stats excepted: `UNHELD` says why that is safe): each
+turn's replies are held under the ticket of its records (and of every record before them) until the writer
+thread reports that ticket durable; the loop meanwhile serves the next frames, so the disk's latency
+overlaps the hub's work instead of stalling it.
 
     loop:    drain+handle (turn t) ─ sync → ticket t ─ hold replies(t) ─ drain+handle (t+1) ─ ... ─ send(≤ t)
     writer:                           └► write, fsync ──────────────────► durable = t, wake (pipe) ┘
@@ -62,6 +63,12 @@ BURST = 1024  # frames handled per loop turn before the log is synced and replie
 TICK_S = 0.05  # lease expiry and long-poll timeouts run at least this often
 EXPORT_S = 1.0  # Prometheus values are refreshed this often (a scrape reads the last refresh)
 LOG_NAME = "replay.log"
+# Replies sent without waiting for the log: a Stats changes nothing, a ToScore hands out work the hub does not
+# log (a crash re-offers it), and a Lease's grant, if a crash loses it before it is durable, leaves its prompts
+# queued in the restarted hub: the lessee's samples are then refused ("not leased") and the prompts leased
+# again, so nothing is lost or trained twice; only that generation is wasted. Everything else (acks of
+# submitted prompts, samples, scores, commits; batches, whose make-up must survive a crash) waits.
+UNHELD = (R.Lease, R.ToScore, R.Stats)
 GC_YOUNG = 20_000  # allocations between collections of the youngest generation (see `settle_gc`)
 RECV_BUDGET_BYTES = 256 << 20  # frames ZeroMQ may queue per connection before it stops reading from it
 
@@ -128,9 +135,28 @@ class Hub:
             self.core.pump(now)
         ticket = self.journal.sync()
         if self.core.outbox:
-            self.held.append((ticket, self.core.outbox))
+            now_out, held = self._split(self.core.outbox)
+            self._send(now_out)
+            if held:
+                self.held.append((ticket, held))
             self.core.outbox = []
         self._flush()
+
+    def _split(self, outbox: list[tuple[list[bytes], Any]]) -> tuple[list, list]:
+        """(replies to send now, replies to hold): `UNHELD` kinds go now unless an earlier reply to the same
+        peer is held (a peer reads its replies in the order of its requests)."""
+        if not any(isinstance(msg, UNHELD) for _, msg in outbox):
+            return [], outbox
+        waiting = {tuple(env) for _, replies in self.held for env, _ in replies}
+        now_out, held = [], []
+        for env, msg in outbox:
+            key = tuple(env)
+            if isinstance(msg, UNHELD) and key not in waiting:
+                now_out.append((env, msg))
+            else:
+                held.append((env, msg))
+                waiting.add(key)
+        return now_out, held
 
     def stop(self) -> None:
         self._running = False

@@ -50,7 +50,7 @@ def test_a_request_the_hub_never_answers_is_sent_again_and_feeding_goes_on(tmp_p
     hub.start()
     cfg = RunConfig()
     cfg.launch.hub_reconnect_s = 60.0
-    feeder = Feeder(cfg, hub.endpoint, tmp_path, poll_s=0.05)
+    feeder = Feeder(cfg, [hub.endpoint], tmp_path, poll_s=0.05)
     feeder.request_timeout_s = 0.3  # the default (5 s) keeps the suite waiting for nothing
     feeder.start()
     deadline = time.monotonic() + 30

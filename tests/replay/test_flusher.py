@@ -131,3 +131,27 @@ def test_the_hub_replies_only_once_the_log_is_synced(tmp_path, monkeypatch, star
         disk.release.set()
         asking.join(10)
         assert isinstance(got[0], R.Ack) and got[0].info == {"prompt_ids": ["a"]}
+
+
+def test_a_lease_is_answered_before_its_grant_is_durable_but_a_peer_s_replies_stay_in_order(tmp_path, monkeypatch,
+                                                                                            start_hub):
+    """`hub.UNHELD`: with the disk stalled, a lease still comes back (its grant is not yet durable); a submit's
+    Ack waits. Another peer's lease never waits behind this one's held reply, and a peer's own replies keep the
+    order of its requests."""
+    disk = BlockedSync(monkeypatch)
+    h = start_hub(HubConfig(), run_dir=tmp_path)
+    with HubPeer(h.endpoint, "c", timeout_s=20) as client, HubPeer(h.endpoint, "g0", timeout_s=20) as gen:
+        client.request(R.SubmitPrompts(prompts=[prompt("a"), prompt("b")]))  # durable: the disk runs
+        disk.block.set()
+        lease = gen.request(R.LeaseRequest(generator="g0", max_prompts=1, wait_s=0.0))
+        assert [p.prompt_id for p in lease.prompts] == ["a"]
+        assert disk.entered.wait(5)  # the grant is being synced, and the lease is already here
+        held: list[object] = []
+        asking = threading.Thread(target=lambda: held.append(client.request(R.SubmitPrompts(prompts=[prompt("c")]))))
+        asking.start()
+        time.sleep(0.3)
+        assert not held  # an Ack of what is not durable yet: held
+        assert gen.request(R.LeaseRequest(generator="g0", max_prompts=1, wait_s=0.0)).prompts[0].prompt_id == "b"
+        disk.release.set()
+        asking.join(10)
+        assert held and held[0].info == {"prompt_ids": ["c"]}
