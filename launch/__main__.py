@@ -45,7 +45,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
     """The run's own config, with --set applied on top (e.g. learner.steps=200 to train longer)."""
     check_resumable(run_dir)
-    return from_dict(RunConfig, apply_overrides(to_dict(load_config(run_dir)), overrides))
+    saved = load_config(run_dir)
+    cfg = from_dict(RunConfig, apply_overrides(to_dict(saved), overrides))
+    if cfg.hub.shards != saved.hub.shards:  # each shard's journal holds its own prompts: a new split loses them
+        raise ValueError(f"hub.shards={cfg.hub.shards}: the run in {run_dir} has {saved.hub.shards} hub shard(s), each "
+                         "with its own journal; a resumed run keeps them; drop --set hub.shards")
+    return cfg
 
 
 def place(cfg: RunConfig) -> tuple[Host, Placement]:

@@ -93,6 +93,12 @@ def test_run_dir_of_an_existing_run_refuses_and_points_at_resume(capsys, tmp_pat
     assert (run / "config.json").read_text() == before  # not rewritten
 
 
+def test_resume_refuses_another_number_of_hub_shards(capsys, tmp_path):
+    run = past_run(tmp_path / "run", steps=5, last_step=2)
+    err = one_line_error(capsys, ["--resume", str(run), "--set", "hub.shards=2"])
+    assert "hub.shards=2" in err and "has 1 hub shard(s)" in err and "drop --set hub.shards" in err
+
+
 def test_resume_of_a_finished_run_says_so(capsys, tmp_path):
     run = past_run(tmp_path / "run", steps=5, last_step=5)
     err = one_line_error(capsys, ["--resume", str(run)])
