@@ -18,8 +18,9 @@ class GeneratorConfig:
     max_running: int = 64
     """Sequences decoded together (engine batch capacity)."""
     kv_cache_tokens: int = 0
-    """Torch engine: tokens of KV cache to allocate; 0: auto = max_running x min(model length, 4096), at most 90 %
-    of the free device memory. Set it when several runs or processes share one GPU (the auto size takes it)."""
+    """Torch engine: tokens of KV cache to allocate; 0: auto = max_running x min(model length, 4096 on a GPU, 2048
+    on CPU), at most 90 % of the free GPU memory, or 10 % of the available RAM on CPU. Set it when several runs or
+    processes share one GPU (the auto size takes it)."""
     inflight_update: Literal["continue", "abort"] = "continue"
     """On a weight update, in-flight requests continue under the new weights (versions recorded per
     token) or are aborted and their prompts returned to the hub."""

@@ -14,6 +14,20 @@ import torch
 
 from asyncrl.engine.torch.model.config import ArchConfig
 
+CPU_RAM_SHARE = 0.1  # the auto-sized KV cache on CPU takes at most this share of the available RAM
+
+
+def available_ram() -> int | None:
+    """Bytes of RAM available to new allocations (Linux: MemAvailable), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
 
 class KVCache:
     def __init__(
@@ -41,12 +55,16 @@ class KVCache:
     def default_num_blocks(cfg: ArchConfig, block_size: int, dtype: torch.dtype, device: torch.device,
                            max_running: int, max_model_len: int) -> int:
         """Room for `max_running` sequences of min(max_model_len, 2048 CPU / 4096 CUDA) tokens, on CUDA at most
-        90 % of the free memory."""
+        90 % of the free memory, on CPU at most CPU_RAM_SHARE of the available RAM (the learner, other services
+        and other runs live there too: 64 rows of SmolLM2-135M's 2048 tokens in fp32 would be 6 GB)."""
         per_seq = min(max_model_len, 4096 if device.type == "cuda" else 2048)
         wanted = max_running * -(-per_seq // block_size)
+        per_block = KVCache.bytes_per_block(cfg, block_size, dtype)
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
-            wanted = min(wanted, int(0.9 * free) // KVCache.bytes_per_block(cfg, block_size, dtype))
+            wanted = min(wanted, int(0.9 * free) // per_block)
+        elif (available := available_ram()) is not None:
+            wanted = min(wanted, int(CPU_RAM_SHARE * available) // per_block)
         return max(wanted, 1)
 
     @staticmethod
