@@ -130,7 +130,13 @@ class MultiTurn:
         return any(ep.pending is not None for eps in self.episodes.values() for ep in eps)
 
     def stats(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.counts.items()}
+        """Episode counters, and the environment class's process-wide ones where it has them (`shared_stats`:
+        e.g. the OpenAI endpoint's refusals), for the generator's heartbeat and metrics."""
+        out = {k: float(v) for k, v in self.counts.items()}
+        shared = getattr(self.factory, "shared_stats", None)
+        if callable(shared):
+            out.update({k: float(v) for k, v in shared().items()})
+        return out
 
     def close(self) -> None:
         self.loop.close()

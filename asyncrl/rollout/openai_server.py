@@ -271,6 +271,16 @@ _SHARED: ChatServer | None = None
 _SHARED_LOCK = threading.Lock()
 
 
+def shared_counts() -> dict[str, int]:
+    """This process's server's counters (requests, http_401, connections_refused, ...); {} if none was started."""
+    with _SHARED_LOCK:
+        server = _SHARED
+    if server is None:
+        return {}
+    with server.lock:
+        return dict(server.counts)
+
+
 def shared() -> ChatServer:
     """This process's server, started on first use."""
     global _SHARED

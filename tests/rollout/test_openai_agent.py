@@ -155,7 +155,7 @@ def test_a_rewritten_history_fails_the_episode(tok):
 
 def test_bad_requests_are_answered_and_the_episode_goes_on(tok):
     before = dict(openai_server.shared().counts)
-    samples, _, _ = run(tok, "pokes_the_server", n=1)
+    samples, _, rollout = run(tok, "pokes_the_server", n=1)
     (s,) = samples
     assert s.env_reward == 1.0 and s.env_error == ""
     assert s.rollout["status_wrong_key"] == 401 and s.rollout["status_other_episode"] == 401
@@ -164,6 +164,9 @@ def test_bad_requests_are_answered_and_the_episode_goes_on(tok):
     assert s.rollout["openai_bad_requests"] == 1  # only the JSON without messages reached the episode
     counts = openai_server.shared().counts
     assert counts["http_401"] - before.get("http_401", 0) == 2 and counts["http_400"] - before.get("http_400", 0) == 2
+    stats = rollout.stats()  # what the generator's heartbeat carries: the endpoint's refusals too
+    assert stats["openai_http_401"] == counts["http_401"] and stats["openai_http_404"] == counts["http_404"]
+    assert stats["openai_requests"] == counts["requests"] > 0
 
 
 @pytest.mark.parametrize("agent, reason", [("raises", "raised"), ("hangs", "timeout")])
