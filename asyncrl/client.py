@@ -110,10 +110,14 @@ class Client:
         `endpoint`: the hub's, or a list of its shards' (hub.shards)."""
         if (endpoint is None) == (run_dir is None):
             raise ValueError("Client: give exactly one of endpoint or run_dir")
-        endpoints = endpoints_from_run_dir(run_dir) if endpoint is None else [endpoint] if isinstance(endpoint, str) else endpoint  # type: ignore[arg-type]
+        if endpoint is None:
+            endpoints = endpoints_from_run_dir(run_dir)  # type: ignore[arg-type]
+        else:
+            endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
         self.endpoint = ",".join(endpoints)
         self.name = name or f"client-{uuid.uuid4().hex[:8]}"
-        self.peer = hub_peer(endpoints, self.name, timeout_s=timeout_s, credentials=credentials or client_credentials(run_dir))
+        self.peer = hub_peer(endpoints, self.name, timeout_s=timeout_s,
+                             credentials=credentials or client_credentials(run_dir))
         self.handles: dict[str, Handle] = {}
         # The run's reward components (to check that submitted prompts can be scored); None: unknown.
         self.reward_components = reward_components if run_dir is None else run_reward_components(run_dir)

@@ -110,7 +110,8 @@ class ShardedPeer:
             return self._split(msg, msg.prompt_ids, lambda keep: R.ReturnPrompts(
                 lease_id=msg.lease_id, prompt_ids=keep(msg.prompt_ids), reason=msg.reason))
         if isinstance(msg, R.ScoredIds):
-            return self._split(msg, [s.prompt_id for s in msg.scores], lambda keep: R.ScoredIds(scores=keep(msg.scores)))
+            return self._split(msg, [s.prompt_id for s in msg.scores],
+                               lambda keep: R.ScoredIds(scores=keep(msg.scores)))
         raise TypeError(f"ShardedPeer cannot route {type(msg).__name__}")
 
     # ------------------------------------------------------------------ by prompt id
@@ -259,7 +260,8 @@ def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _merge_into(out: dict[str, Any], add: dict[str, Any], lowest: Iterable[str] = (), newest: Iterable[str] = ()) -> None:
+def _merge_into(out: dict[str, Any], add: dict[str, Any], lowest: Iterable[str] = (),
+                newest: Iterable[str] = ()) -> None:
     for key, value in add.items():
         if key not in out:
             out[key] = _copy(value)
