@@ -29,6 +29,7 @@ Blocking: calls are synchronous and one shard at a time, like HubPeer's: a reque
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -152,7 +153,7 @@ class ShardedPeer:
         turn up to max_samples. With nothing anywhere, one long poll of msg.wait_s on the next shard."""
         order = [(self._turn + i) % self.n for i in range(self.n)]
         self._turn = (self._turn + 1) % self.n
-        now = _with_wait(msg, 0.0)
+        now = replace(msg, wait_s=0.0)
         if isinstance(msg, R.LeaseRequest):
             for k in order:
                 lease = self.peers[k].request(now)
@@ -164,7 +165,7 @@ class ShardedPeer:
             left = msg.max_samples - len(items)
             if left <= 0:
                 break
-            items += self.peers[k].request(_with_count(now, left)).items
+            items += self.peers[k].request(replace(now, max_samples=left)).items
         if items or msg.wait_s <= 0:
             return R.ToScore(items=items)
         return self.peers[order[0]].request(msg)
@@ -176,7 +177,7 @@ class ShardedPeer:
         for step in [s for s in self._parts if s < msg.step]:
             del self._parts[step]
         missing = [k for k in range(self.n) if k not in parts]
-        wait = _with_wait(msg, msg.wait_s / max(1, len(missing)))
+        wait = replace(msg, wait_s=msg.wait_s / max(1, len(missing)))
         reply: Any = None
         for k in missing:
             reply = self.peers[k].request(wait)
@@ -221,18 +222,6 @@ class ShardedPeer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _with_wait(msg: Any, wait_s: float) -> Any:
-    return type(msg)(**{**_fields(msg), "wait_s": wait_s})
-
-
-def _with_count(msg: R.ScoreRequest, count: int) -> R.ScoreRequest:
-    return R.ScoreRequest(worker=msg.worker, max_samples=count, wait_s=msg.wait_s)
-
-
-def _fields(msg: Any) -> dict[str, Any]:
-    return {f: getattr(msg, f) for f in msg.__slots__}
 
 
 def _merge_acks(acks: list[Any]) -> R.Ack:
