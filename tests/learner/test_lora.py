@@ -226,8 +226,9 @@ def test_gpu_bf16_compiled_lora_keeps_the_base_and_resumes(tiny_model, tmp_path)
     cfg = {**LORA, "compile": True, "activation_checkpointing": True}
     t = Trainer(LearnerConfig(**cfg), str(tiny_model), device="cuda:0", dtype="bfloat16")
     held = {k: fsdp.local_tensor(p.detach()) for k, p in t.masters}
-    base = {k: v.clone() for k, v in held.items() if not lora.is_adapter(k)}
+    base = {k: v.clone() for k, v in held.items() if not is_trained(k)}
     assert {v.dtype for v in base.values()} == {torch.bfloat16}
+    assert {v.dtype for k, v in held.items() if is_trained(k)} == {torch.float32}  # adapters and norms: fp32 masters
     train(t, range(1, 3))
     assert all(torch.equal(held[k], v) for k, v in base.items())
     path = t.save_checkpoint(tmp_path)
