@@ -2,6 +2,7 @@
 
     python -m bench.replay [--steps 96] [--prompts-per-step 32] [--n 8] [--tokens 1024] [--log]
     python -m bench.replay --both-logs --repeat 5 --baseline /tmp/base   # before/after, log on/off
+    python -m bench.replay --shards 4 --producers 4                      # a hub of 4 shards, 4 generators
 
 `--baseline DIR` runs the same bench with the hub and the peers importing asyncrl from the source tree
 DIR instead (e.g. `git worktree add /tmp/base HEAD`; its services must take `--run-dir DIR --name NAME`), interleaved with this tree's runs, so a change is
@@ -9,18 +10,20 @@ measured against its parent in one invocation under the same machine load. `--re
 configuration N times and prints its median run (with every run's samples_per_s). One JSON line per
 configuration.
 
-The hub (services.replay) runs in its own process pinned to one core. Three peer processes, pinned to
-the other cores, drive it like a run does:
+The hub (services.replay) runs in its own process pinned to one core (`--shards N`: N hub processes,
+`replay-0..N-1`, pinned to cores hub_core..hub_core+N-1, which the peers reach through ShardedPeer as a run's
+do). The peer processes, pinned to the other cores, drive it like a run does:
 
     producer (generator-like): LeaseRequest → SampleBatch of n samples per prompt, 1k response tokens
-        with logprobs and per-token versions
+        with logprobs and per-token versions; `--producers P` such processes share the prompts (the first one
+        also submits them all, as the feeder)
     scorer (reward-like): ScoreRequest → ScoredIds (reward 1.0, by sample id as `asyncrl.reward` does;
         the hub keeps its own copy of each sample)
     learner: BatchRequest(step) → WeightVersion(step) → CommitStep(step)
 
 Prints one JSON line: samples_per_s (trained samples / wall time from first lease to last commit),
 hub_samples_per_cpu_s (trained samples / CPU seconds the hub process used after start-up, its ZeroMQ
-I/O thread included: its one-core capacity), peer_cpu_s (CPU seconds of each peer process after its
+I/O thread included: its one-core capacity; with shards, their CPU seconds summed), peer_cpu_s (CPU seconds of each peer process after its
 imports: they share the other cores, so they bound samples_per_s too),
 p50/p99 latency of SampleBatch round trips (one message per lease, the producer's encoding included), of
 LeaseRequest round trips and of a sample from send to its batch, and context. `--hub-profile PATH` runs
@@ -64,32 +67,44 @@ def make_sample(pid: str, i: int, tokens: int, rng: np.random.Generator) -> R.Sa
 
 def connect(endpoint: str, name: str, role: str, args: argparse.Namespace) -> HubPeer:
     """A peer proving `role` with the run's secret, as the launcher's children do (the hub refuses strangers
-    and checks what each role may send)."""
+    and checks what each role may send). `endpoint`: one hub's, or every shard's joined by commas."""
     from asyncrl.net.credentials import Credentials
 
-    return HubPeer(endpoint, name, timeout_s=60, credentials=Credentials.from_run_dir(args.run_dir, role))
+    creds = Credentials.from_run_dir(args.run_dir, role)
+    endpoints = endpoint.split(",")
+    if len(endpoints) == 1:  # also what a tree from before hub shards (a --baseline) can do
+        return HubPeer(endpoint, name, timeout_s=60, credentials=creds)
+    from asyncrl.net.sharded_peer import ShardedPeer
+
+    return ShardedPeer(endpoints, name, timeout_s=60, credentials=creds)  # type: ignore[return-value]
 
 
 def producer(endpoint: str, args: argparse.Namespace) -> dict:
-    rng = np.random.default_rng(0)
-    feeder = connect(endpoint, "bench-feeder", "client", args)  # prompts come from a client or the launcher
-    peer = connect(endpoint, "bench-gen", "generator", args)
+    rng = np.random.default_rng(args.index)
     total = args.steps * args.prompts_per_step
-    for start in range(0, total, 1024):
-        feeder.request(R.SubmitPrompts(prompts=[R.Prompt(prompt_id=f"b{k}", n=args.n, text="q")
-                                              for k in range(start, min(total, start + 1024))]))
+    if args.index == 0:  # prompts come from a client or the launcher: the first producer submits them all
+        feeder = connect(endpoint, "bench-feeder", "client", args)
+        ids = prompt_ids(total, args.shards)
+        for start in range(0, total, 1024):
+            feeder.request(R.SubmitPrompts(prompts=[R.Prompt(prompt_id=pid, n=args.n, text="q")
+                                                  for pid in ids[start:start + 1024]]))
+        feeder.close()
+    name = f"bench-gen-{args.index}"
+    peer = connect(endpoint, name, "generator", args)
+    quota = producer_quota(total, args.producers, args.index)
     template = [make_sample("", i, args.tokens, rng) for i in range(args.n)]
     rtts, lease_rtts, leased, t_first = [], [], 0, 0.0
-    while leased < total:
+    while leased < quota:
         t0 = time.perf_counter()
-        lease = peer.request(R.LeaseRequest(generator="bench-gen", max_prompts=args.lease_prompts, wait_s=1.0))
+        want = min(args.lease_prompts, quota - leased)
+        lease = peer.request(R.LeaseRequest(generator=name, max_prompts=want, wait_s=1.0))
         lease_rtts.append(time.perf_counter() - t0)
         t_first = t_first or time.time()
         samples = []
         for p in lease.prompts:
             for t in template:
                 s = R.Sample(**{f: getattr(t, f) for f in t.__slots__})
-                s.prompt_id, s.timings = p.prompt_id, {"sent": time.time()}
+                s.prompt_id, s.timings, s.generator = p.prompt_id, {"sent": time.time()}, name
                 s.versions = np.full(args.tokens, lease.policy_version, np.int32)
                 samples.append(s)
         if samples:  # one message per lease: lease_prompts x n samples
@@ -98,8 +113,28 @@ def producer(endpoint: str, args: argparse.Namespace) -> dict:
             rtts.append(time.perf_counter() - t0)
         leased += len(lease.prompts)
     peer.close()
-    feeder.close()
     return {"t_first": t_first, "rtts": rtts, "lease_rtts": lease_rtts}
+
+
+def prompt_ids(total: int, shards: int) -> list[str]:
+    """`total` prompt ids, an equal number held by each shard (every shard must form its share of every step;
+    ids that hashed unevenly would leave one shard short of prompts at the last steps)."""
+    if shards == 1:
+        return [f"b{k}" for k in range(total)]
+    from asyncrl.net.hub_shards import shard_of
+
+    left, ids, k = [total // shards] * shards, [], 0
+    while len(ids) < total:
+        pid, k = f"b{k}", k + 1
+        if left[shard := shard_of(pid, shards)] > 0:
+            left[shard] -= 1
+            ids.append(pid)
+    return ids
+
+
+def producer_quota(total: int, producers: int, index: int) -> int:
+    """Prompts producer `index` of `producers` leases: an equal share, the first ones taking the remainder."""
+    return total // producers + (1 if index < total % producers else 0)
 
 
 def scorer(endpoint: str, args: argparse.Namespace) -> dict:
@@ -148,26 +183,44 @@ def learner(endpoint: str, args: argparse.Namespace) -> dict:
     return {"trained": trained, "t_end": time.time(), "latency": lat}
 
 
-def start_hub(run_dir: str, args: argparse.Namespace, src: str) -> tuple[subprocess.Popen, str]:
+def start_hubs(run_dir: str, args: argparse.Namespace, src: str) -> list[tuple[subprocess.Popen, str]]:
+    """The hub's `args.shards` processes, each pinned to its own core, with the endpoints they bound."""
     sets = [f"batch.prompts_per_step={args.prompts_per_step}", f"batch.samples_per_prompt={args.n}",
             f"generator.max_running={max(64, args.n)}", f"hub.max_staleness={args.max_staleness}",
             f"hub.log={'true' if args.log else 'false'}", "hub.fsync=batch"]
+    if args.shards > 1:
+        sets.append(f"hub.shards={args.shards}")
     save_config(Path(run_dir), load_run_config(None, sets))  # the run directory as the launcher leaves it
-    write_run_json(run_dir, {"endpoints": {"replay": "tcp://127.0.0.1:0"}, "pids": {}})  # port 0: any free one
-    profile = ["-m", "cProfile", "-o", str(Path(args.hub_profile).resolve())] if args.hub_profile else []
-    cmd = [sys.executable, *profile, "-m", "services.replay", "--run-dir", run_dir, "--name", "replay"]
-    hub = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=src, env=_env(src),
-                           preexec_fn=lambda: pin([args.hub_core]))
-    line = hub.stdout.readline()  # type: ignore[union-attr]
-    return hub, json.loads(line)["endpoint"]
+    endpoints: dict = {"replay": "tcp://127.0.0.1:0"}  # port 0: any free one
+    if args.shards > 1:
+        endpoints["replay_shards"] = ["tcp://127.0.0.1:0"] * args.shards
+    write_run_json(run_dir, {"endpoints": endpoints, "pids": {}})
+    hubs = []
+    for k in range(args.shards):
+        name = "replay" if args.shards == 1 else f"replay-{k}"
+        profile = ["-m", "cProfile", "-o", f"{Path(args.hub_profile).resolve()}{'' if k == 0 else f'.{k}'}"] \
+            if args.hub_profile else []
+        cmd = [sys.executable, *profile, "-m", "services.replay", "--run-dir", run_dir, "--name", name]
+        core = args.hub_cores[k]
+        hub = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=src,
+                               env=_env(src), preexec_fn=lambda core=core: pin([core]))
+        hubs.append((hub, json.loads(hub.stdout.readline())["endpoint"]))  # type: ignore[union-attr]
+    return hubs
+
+
+def journal_bytes(run_dir: str, shards: int) -> int:
+    """Bytes of every shard's journal (RUN_DIR/replay.log, or RUN_DIR/replay-K/replay.log per shard)."""
+    dirs = [Path(run_dir)] if shards == 1 else [Path(run_dir) / f"replay-{k}" for k in range(shards)]
+    return sum(Segments(d / "replay.log").bytes_on_disk() for d in dirs)
 
 
 ROLES = {"producer": producer, "scorer": scorer, "learner": learner}
 
 
-def start_peer(role: str, endpoint: str, run_dir: str, args: argparse.Namespace, src: str) -> subprocess.Popen:
+def start_peer(role: str, endpoint: str, run_dir: str, args: argparse.Namespace, src: str,
+               index: int = 0) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--endpoint", endpoint, "--run-dir", run_dir,
-           *_run_argv(args)]
+           f"--index={index}", *_run_argv(args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=src, env=_env(src),
                             preexec_fn=lambda: pin(args.peer_cores))
 
@@ -180,23 +233,32 @@ def _env(src: str) -> dict[str, str]:
 def _run_argv(args: argparse.Namespace) -> list[str]:
     """The options of one run, for its peer processes."""
     return [f"--steps={args.steps}", f"--prompts-per-step={args.prompts_per_step}", f"--n={args.n}",
-            f"--tokens={args.tokens}", f"--lease-prompts={args.lease_prompts}", f"--max-staleness={args.max_staleness}"]
+            f"--tokens={args.tokens}", f"--lease-prompts={args.lease_prompts}", f"--max-staleness={args.max_staleness}",
+            f"--producers={args.producers}", f"--shards={args.shards}"]
 
 
 def run(args: argparse.Namespace, src: str) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        hub, endpoint = start_hub(run_dir, args, src)
+        hubs = start_hubs(run_dir, args, src)
         try:
-            cpu_at_start = _cpu_seconds(hub.pid)  # imports and binding are not per-sample cost
-            peers = {role: start_peer(role, endpoint, run_dir, args, src) for role in ROLES}
+            cpu_at_start = sum(_cpu_seconds(h.pid) for h, _ in hubs)  # imports and binding are not per-sample cost
+            endpoint = ",".join(e for _, e in hubs)
+            peers = {f"producer-{i}": start_peer("producer", endpoint, run_dir, args, src, i)
+                     for i in range(args.producers)}
+            peers.update({role: start_peer(role, endpoint, run_dir, args, src) for role in ("scorer", "learner")})
             results = {role: json.loads(p.communicate(timeout=600)[0]) for role, p in peers.items()}
-            log_bytes = Segments(Path(run_dir) / "replay.log").bytes_on_disk() if args.log else 0  # + snapshots
-            hub_cpu_s = _cpu_seconds(hub.pid) - cpu_at_start
+            log_bytes = journal_bytes(run_dir, args.shards) if args.log else 0  # + snapshots
+            hub_cpu_s = sum(_cpu_seconds(h.pid) for h, _ in hubs) - cpu_at_start
         finally:
-            hub.terminate()
-            hub.wait(10)
+            for hub, _ in hubs:
+                hub.terminate()
+            for hub, _ in hubs:
+                hub.wait(10)
+    producers = [results[f"producer-{i}"] for i in range(args.producers)]
+    rtts = [x for r in producers for x in r["rtts"]]
+    lease_rtts = [x for r in producers for x in r.get("lease_rtts", [])]
+    t_first = min(r["t_first"] for r in producers if r["t_first"])
     trained, t_end, lat = (results["learner"][k] for k in ("trained", "t_end", "latency"))
-    t_first, rtts = results["producer"]["t_first"], results["producer"]["rtts"]
     elapsed = t_end - t_first
     return {
         "bench": "replay", "samples_per_s": round(trained / elapsed, 1), "samples": trained,
@@ -205,13 +267,13 @@ def run(args: argparse.Namespace, src: str) -> dict:
         "hub_samples_per_cpu_s": round(trained / hub_cpu_s, 1) if hub_cpu_s else None,
         "peer_cpu_s": {role: round(r.get("cpu_s", 0.0), 3) for role, r in results.items()},
         "sample_batch_rtt_ms": {"p50": _ms(rtts, 50), "p99": _ms(rtts, 99)},
-        "lease_rtt_ms": {"p50": _ms(results["producer"].get("lease_rtts", []), 50),
-                         "p99": _ms(results["producer"].get("lease_rtts", []), 99)},
+        "lease_rtt_ms": {"p50": _ms(lease_rtts, 50), "p99": _ms(lease_rtts, 99)},
         "sample_to_batch_ms": {"p50": _ms(lat, 50), "p99": _ms(lat, 99)},
         "context": {"response_tokens": args.tokens, "prompt_tokens": 128, "samples_per_prompt": args.n,
                     "prompts_per_step": args.prompts_per_step, "steps": args.steps,
                     "samples_per_message": args.n * args.lease_prompts, "max_staleness": args.max_staleness, "log": args.log,
-                    "log_mb": round(log_bytes / 1e6, 1), "hub_core": args.hub_core, "peer_cores": args.peer_cores,
+                    "log_mb": round(log_bytes / 1e6, 1), "shards": args.shards, "producers": args.producers,
+                    "hub_cores": args.hub_cores, "peer_cores": args.peer_cores,
                     "cpu": _cpu(), "cpus": os.cpu_count(), "commit": _commit(src), "src": src,
                     "date": time.strftime("%Y-%m-%d")},
     }
@@ -279,7 +341,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--both-logs", action="store_true", help="run each configuration with and without the log")
     ap.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median run is printed")
     ap.add_argument("--baseline", default=None, metavar="DIR", help="also run from the source tree DIR, interleaved")
-    ap.add_argument("--hub-core", type=int, default=0)
+    ap.add_argument("--hub-core", type=int, default=0, help="the (first) hub's core; shard K takes the K-th core after it")
+    ap.add_argument("--shards", type=int, default=1, help="hub processes (hub.shards), one core each")
+    ap.add_argument("--producers", type=int, default=1, help="generator-like peer processes")
+    ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--hub-profile", default=None, metavar="PATH",
                     help="run the hub under cProfile, stats to PATH (read with python -m pstats PATH)")
     ap.add_argument("--role", choices=sorted(ROLES), default=None, help=argparse.SUPPRESS)
@@ -291,8 +356,13 @@ def main(argv: list[str] | None = None) -> None:
         cpu_at_start = time.process_time()  # imports are not per-sample cost
         print(json.dumps({**ROLES[args.role](args.endpoint, args), "cpu_s": time.process_time() - cpu_at_start}))
         return
+    if args.shards < 1 or args.producers < 1 or args.prompts_per_step % args.shards:
+        ap.error(f"--shards {args.shards} / --producers {args.producers}: both >= 1, and --prompts-per-step "
+                 f"({args.prompts_per_step}) a multiple of --shards (each shard forms its share of a step)")
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-    args.peer_cores = [c for c in cores if c != args.hub_core] or cores
+    at = cores.index(args.hub_core) if args.hub_core in cores else 0
+    args.hub_cores = [cores[(at + k) % len(cores)] for k in range(args.shards)]
+    args.peer_cores = [c for c in cores if c not in args.hub_cores] or cores
     for line in compare(args):
         print(json.dumps(line), flush=True)
 
