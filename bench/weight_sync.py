@@ -16,8 +16,10 @@ phase times of the median push, shape, bytes, path, device, commit.
 
 With --lora-rank R it compares instead, in one run to one generator, LoRA's two pushes with every projection
 targeted: "merged" (the whole model, W + scale * B @ A computed by the learner) and "adapter" (A and B only,
-fp32; the generator merges them from its pristine base with the torch engine's own code, adapter_merge.py).
-One JSON line: bytes and the median push's phase times of each, and the merged / adapter ratios.
+fp32; the generator merges them from its pristine base with the torch engine's own code, adapter_merge.py),
+and the adapter push again with its buckets packed before the generator pauses ("adapter_gather_first", the
+learner's way since 2026-12-04). One JSON line: bytes and the median push's phase times of each, and the
+merged / adapter ratios.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ def lora_receiver_main(endpoint: str, device: str, shape: str, dtype: str, pushe
     engine = LoraSinkEngine(sink_model(shape, device, getattr(torch, dtype)), adapters_from=pushes)
     rx = WeightReceiver(endpoint, "bench-generator", device, engine)
     deadline = time.monotonic() + 600
-    while engine.updates < 2 * pushes and time.monotonic() < deadline:
+    while engine.updates < 3 * pushes and time.monotonic() < deadline:
         rx.poll(0.05)
     rx.close()
 
@@ -180,6 +182,8 @@ def lora_main(args, learner_dev: str, gen_dev: str, path: str, dtype: str, gpus:
     sender.serve_joins(lambda: iter(()), 0)
     merged = [sender.push(merged_stream(weights, adapters), v).as_dict() for v in range(1, pushes + 1)]
     adapter = [sender.push(iter(adapters.items()), v, admit=False).as_dict() for v in range(pushes + 1, 2 * pushes + 1)]
+    first = [sender.push(iter(adapters.items()), v, admit=False, gather_first=True).as_dict()
+             for v in range(2 * pushes + 1, 3 * pushes + 1)]  # packed before the generator pauses (the learner's way)
     sender.close()
     proc.join(120)
 
@@ -188,13 +192,13 @@ def lora_main(args, learner_dev: str, gen_dev: str, path: str, dtype: str, gpus:
         assert mid["generators"] == ["bench-generator"], mid
         return {k: v for k, v in mid.items() if k == "bytes" or k.endswith("_s")}
 
-    m, a = median(merged), median(adapter)
+    m, a, f = median(merged), median(adapter), median(first)
     params = sum(t.numel() for _, t in weights)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(json.dumps({
         "bench": "weight_sync_lora", "path": path, "shape": args.shape, "params": params, "dtype": dtype,
         "lora_rank": args.lora_rank, "targets": list(LORA_TARGETS), "bucket_mb": args.bucket_mb,
-        "merged": m, "adapter": a, "bytes_ratio": round(m["bytes"] / a["bytes"], 1),
+        "merged": m, "adapter": a, "adapter_gather_first": f, "bytes_ratio": round(m["bytes"] / a["bytes"], 1),
         "total_s_ratio": round(m["total_s"] / a["total_s"], 1),
         "paused_s_ratio": round(m["paused_s"] / a["paused_s"], 1),
         "pushes": args.pushes, "device": torch.cuda.get_device_name(0) if gpus else "cpu", "gpus": gpus,

@@ -255,7 +255,7 @@ class LearnerService:
             if self.sender is None:
                 drain(named)
                 return {}
-            report = self.sender.push(named, self.trainer.version, admit=not adapters).as_dict()
+            report = self.sender.push(named, self.trainer.version, admit=not adapters, gather_first=adapters).as_dict()
             self.hub.request(R.WeightVersion(version=self.trainer.version))
             return {"kind": self.push_mode, **report}
 

@@ -17,7 +17,9 @@ Backpressure: at most `window` buckets are in flight. The learner gathers, annou
 i+1 while bucket i moves, and before gathering bucket i+window it waits until bucket i's bytes are
 delivered (CUDA IPC: until the generator acked it, since it reads the learner's buffer in place). So a
 push holds at most `window` buckets of memory on each side, and the transfers run back to back: the
-generator posts its side of bucket i+1 before it loads bucket i (receiver.py).
+generator posts its side of bucket i+1 before it loads bucket i (receiver.py). A small push (LoRA adapters:
+`push(..., gather_first=True)`) is packed whole before WeightBegin instead, so the generators stay paused only
+for the transfers and their loads, not for the learner's gather.
 
 The learner blocks only inside push()/serve_joins(), and never longer than `timeout_s` per step. A
 generator that times out, errors, or dies is dropped (its group closed, told so if it still listens: it
@@ -132,15 +134,22 @@ class WeightSender:
         self._pump(0.0)
         return bool(self._joins)
 
-    def push(self, named_tensors: NamedTensors, version: int, *, admit: bool = True) -> PushReport:
+    def push(self, named_tensors: NamedTensors, version: int, *, admit: bool = True,
+             gather_first: bool = False) -> PushReport:
         """Push every tensor to every generator (joiners admitted first); consumes the iterator fully.
         admit=False: to the members only, joiners keep waiting for serve_joins(): a push that does not carry
-        the whole model (LoRA adapters only: asyncrl/learner/lora.py) must not be a joiner's first."""
+        the whole model (LoRA adapters only: asyncrl/learner/lora.py) must not be a joiner's first.
+        gather_first: pack every bucket before the generators pause (they then wait only for the transfers and
+        their own loads), holding the whole push in memory at once: for small pushes (adapters), not models."""
         self._pump(0.0)
         report = PushReport(version=version, generators=[])
         if admit:
             self._admit(report)
-        return self._push_to(list(self._members.values()), named_tensors, version, report)
+        buckets = None
+        if gather_first and self._members:
+            buckets = list(self._timed(iter_buckets(named_tensors, self.bucket_bytes, self.device, self.dtype), report))
+            named_tensors = ()
+        return self._push_to(list(self._members.values()), named_tensors, version, report, buckets)
 
     def serve_joins(self, named_tensors: Callable[[], NamedTensors], version: int) -> PushReport | None:
         """Admit waiting generators and bring them to `version`. None (iterator never made) when none waits."""
@@ -170,17 +179,19 @@ class WeightSender:
 
     # ------------------------------------------------------------------ the push (one place)
 
-    def _push_to(self, members: list[Member], named_tensors: NamedTensors, version: int, report: PushReport) -> PushReport:
+    def _push_to(self, members: list[Member], named_tensors: NamedTensors, version: int, report: PushReport,
+                 gathered: list[tuple[torch.Tensor, BucketLayout]] | None = None) -> PushReport:
         """begin -> per bucket (gather, announce, launch; at most `window` in flight) -> end; the generators
-        pause and resume themselves."""
-        t0 = time.perf_counter()
+        pause and resume themselves. `gathered`: the buckets, already packed (push(gather_first=True))."""
+        t0 = time.perf_counter() - report.gather_s  # a push's total includes gathering it first
         live = self._send_all(members, WeightBegin(version=version, pause_mode=self.pause_mode), report)
         if not live:
             drain(named_tensors)  # other FSDP ranks iterate too: the collectives inside must still run
-            named_tensors = ()
+            named_tensors, gathered = (), None
         inflight: deque[_InFlight] = deque()
-        buckets = iter_buckets(named_tensors, self.bucket_bytes, self.device, self.dtype)
-        for index, (flat, layout) in enumerate(self._timed(buckets, report)):
+        buckets = iter(gathered) if gathered is not None else \
+            self._timed(iter_buckets(named_tensors, self.bucket_bytes, self.device, self.dtype), report)
+        for index, (flat, layout) in enumerate(buckets):
             while len(inflight) >= self.window:
                 live = self._retire(inflight.popleft(), live, version, report)
             live, sendings = self._send_bucket(live, index, flat, layout, version, report)

@@ -104,7 +104,7 @@ def test_adapter_pushes_over_gloo_carry_adapter_bytes_and_joiners_get_the_base(t
                     time.sleep(0.05)
                 assert sender.members == ["g1"]
                 members = ["g1"]
-            report = sender.push(ads.items(), version, admit=False)
+            report = sender.push(ads.items(), version, admit=False, gather_first=version % 2 == 0)  # both ways
             assert report.generators == members and report.dropped == {}, report  # joiners wait for serve_joins
             # the adapters only: per layer r x (in + out) fp32 over q 64+64, k 64+32, v 64+32, o 64+64,
             # gate 64+128, up 64+128, down 128+64; two layers
@@ -120,3 +120,34 @@ def test_adapter_pushes_over_gloo_carry_adapter_bytes_and_joiners_get_the_base(t
             else:
                 assert full is None
         assert members == ["g0", "g1"]
+
+
+def test_gather_first_packs_the_whole_push_before_the_generators_pause(monkeypatch):
+    """push(gather_first=True) consumes the stream into buckets before the step that sends WeightBegin (the
+    generators pause there), so their pause does not include the learner's gather; without it, lazily."""
+    sender = WeightSender("tcp://127.0.0.1:0", bucket_bytes=1024, timeout_s=1.0)
+    pulled: list[int] = []
+
+    def stream():
+        for i in range(6):
+            pulled.append(i)
+            yield f"t{i}", torch.full((128,), float(i))  # 512 bytes: two tensors a bucket
+
+    seen = {}
+
+    def push_to(members, named, version, report, gathered=None):
+        seen.update(pulled=list(pulled), gathered=gathered, rest=list(named))
+        return report
+
+    monkeypatch.setattr(sender, "_push_to", push_to)
+    sender._members = {b"g": None}  # one member: what the push is for (never reached: _push_to is the fake)
+    try:
+        sender.push(stream(), 1, admit=False, gather_first=True)
+        assert seen["pulled"] == list(range(6)) and seen["rest"] == []
+        assert [layout.names for _, layout in seen["gathered"]] == [["t0", "t1"], ["t2", "t3"], ["t4", "t5"]]
+        pulled.clear()
+        sender.push(stream(), 2, admit=False)
+        assert seen["pulled"] == [] and seen["gathered"] is None  # lazily, inside _push_to
+    finally:
+        sender._members = {}
+        sender.close()
