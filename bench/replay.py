@@ -46,7 +46,9 @@ import numpy as np
 
 from asyncrl import records as R
 from asyncrl.config.run import load_run_config
+from asyncrl.net.hub_shards import HubShard, shard_name, shard_of
 from asyncrl.net.peer import HubPeer
+from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.replay.segments import Segments
 from asyncrl.run.rundir import save_config, write_run_json
 
@@ -71,12 +73,7 @@ def connect(endpoint: str, name: str, role: str, args: argparse.Namespace) -> Hu
     from asyncrl.net.credentials import Credentials
 
     creds = Credentials.from_run_dir(args.run_dir, role)
-    endpoints = endpoint.split(",")
-    if len(endpoints) == 1:  # also what a tree from before hub shards (a --baseline) can do
-        return HubPeer(endpoint, name, timeout_s=60, credentials=creds)
-    from asyncrl.net.sharded_peer import ShardedPeer
-
-    return ShardedPeer(endpoints, name, timeout_s=60, credentials=creds)  # type: ignore[return-value]
+    return hub_peer(endpoint.split(","), name, timeout_s=60, credentials=creds)  # type: ignore[return-value]
 
 
 def producer(endpoint: str, args: argparse.Namespace) -> dict:
@@ -121,8 +118,6 @@ def prompt_ids(total: int, shards: int) -> list[str]:
     ids that hashed unevenly would leave one shard short of prompts at the last steps)."""
     if shards == 1:
         return [f"b{k}" for k in range(total)]
-    from asyncrl.net.hub_shards import shard_of
-
     left, ids, k = [total // shards] * shards, [], 0
     while len(ids) < total:
         pid, k = f"b{k}", k + 1
@@ -197,7 +192,7 @@ def start_hubs(run_dir: str, args: argparse.Namespace, src: str) -> list[tuple[s
     write_run_json(run_dir, {"endpoints": endpoints, "pids": {}})
     hubs = []
     for k in range(args.shards):
-        name = "replay" if args.shards == 1 else f"replay-{k}"
+        name = shard_name(k, args.shards)
         profile = ["-m", "cProfile", "-o", f"{Path(args.hub_profile).resolve()}{'' if k == 0 else f'.{k}'}"] \
             if args.hub_profile else []
         cmd = [sys.executable, *profile, "-m", "services.replay", "--run-dir", run_dir, "--name", name]
@@ -210,8 +205,8 @@ def start_hubs(run_dir: str, args: argparse.Namespace, src: str) -> list[tuple[s
 
 def journal_bytes(run_dir: str, shards: int) -> int:
     """Bytes of every shard's journal (RUN_DIR/replay.log, or RUN_DIR/replay-K/replay.log per shard)."""
-    dirs = [Path(run_dir)] if shards == 1 else [Path(run_dir) / f"replay-{k}" for k in range(shards)]
-    return sum(Segments(d / "replay.log").bytes_on_disk() for d in dirs)
+    return sum(Segments(HubShard(k, shards, Path(run_dir)).journal_dir() / "replay.log").bytes_on_disk()
+               for k in range(shards))
 
 
 ROLES = {"producer": producer, "scorer": scorer, "learner": learner}
