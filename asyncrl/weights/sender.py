@@ -147,7 +147,7 @@ class WeightSender:
             self._admit(report)
         buckets = None
         if gather_first and self._members:
-            buckets = list(self._timed(iter_buckets(named_tensors, self.bucket_bytes, self.device, self.dtype), report))
+            buckets = list(self._buckets(named_tensors, report))
             named_tensors = ()
         return self._push_to(list(self._members.values()), named_tensors, version, report, buckets)
 
@@ -189,8 +189,7 @@ class WeightSender:
             drain(named_tensors)  # other FSDP ranks iterate too: the collectives inside must still run
             named_tensors, gathered = (), None
         inflight: deque[_InFlight] = deque()
-        buckets = iter(gathered) if gathered is not None else \
-            self._timed(iter_buckets(named_tensors, self.bucket_bytes, self.device, self.dtype), report)
+        buckets = iter(gathered) if gathered is not None else self._buckets(named_tensors, report)
         for index, (flat, layout) in enumerate(buckets):
             while len(inflight) >= self.window:
                 live = self._retire(inflight.popleft(), live, version, report)
@@ -207,7 +206,9 @@ class WeightSender:
             setattr(report, key, max((t.get(key, 0.0) for t in report.per_generator.values()), default=0.0))
         return report
 
-    def _timed(self, buckets: Iterator[tuple[torch.Tensor, BucketLayout]], report: PushReport) -> Iterator[tuple[torch.Tensor, BucketLayout]]:
+    def _buckets(self, named_tensors: NamedTensors, report: PushReport) -> Iterator[tuple[torch.Tensor, BucketLayout]]:
+        """The stream packed into buckets in the generators' dtype, the packing timed as report.gather_s."""
+        buckets = iter_buckets(named_tensors, self.bucket_bytes, self.device, self.dtype)
         while True:
             t = time.perf_counter()
             item = next(buckets, None)
