@@ -237,6 +237,7 @@ def run(args: argparse.Namespace, src: str) -> dict:
         hubs = start_hubs(run_dir, args, src)
         try:
             cpu_at_start = sum(_cpu_seconds(h.pid) for h, _ in hubs)  # imports and binding are not per-sample cost
+            threads_at_start = _sum_threads(hubs)
             endpoint = ",".join(e for _, e in hubs)
             peers = {f"producer-{i}": start_peer("producer", endpoint, run_dir, args, src, i)
                      for i in range(args.producers)}
@@ -244,6 +245,8 @@ def run(args: argparse.Namespace, src: str) -> dict:
             results = {role: json.loads(p.communicate(timeout=600)[0]) for role, p in peers.items()}
             log_bytes = journal_bytes(run_dir, args.shards) if args.log else 0  # + snapshots
             hub_cpu_s = sum(_cpu_seconds(h.pid) for h, _ in hubs) - cpu_at_start
+            threads = _sum_threads(hubs, minus=threads_at_start)
+            threads["exited"] = round(max(0.0, hub_cpu_s - sum(threads.values())), 3)
         finally:
             for hub, _ in hubs:
                 hub.terminate()
@@ -260,6 +263,7 @@ def run(args: argparse.Namespace, src: str) -> dict:
         "elapsed_s": round(elapsed, 3),
         "hub_cpu_s": round(hub_cpu_s, 3),
         "hub_samples_per_cpu_s": round(trained / hub_cpu_s, 1) if hub_cpu_s else None,
+        "hub_thread_cpu_s": threads,
         "peer_cpu_s": {role: round(r.get("cpu_s", 0.0), 3) for role, r in results.items()},
         "sample_batch_rtt_ms": {"p50": _ms(rtts, 50), "p99": _ms(rtts, 99)},
         "lease_rtt_ms": {"p50": _ms(lease_rtts, 50), "p99": _ms(lease_rtts, 99)},
@@ -303,6 +307,34 @@ def _cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def _thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of a live process's threads by kind (Linux): `loop` (the main thread, the hub's event loop),
+    `zmq` (libzmq's I/O threads, named ZMQbg/...), `journal` (the other live threads: the journal's writer);
+    threads that already exited (snapshot writers) are not listed."""
+    out = {"loop": 0.0, "zmq": 0.0, "journal": 0.0}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kind = "loop" if int(tid) == pid else "zmq" if comm.startswith("ZMQ") else "journal"
+        out[kind] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def _sum_threads(hubs: list, minus: dict[str, float] | None = None) -> dict[str, float]:
+    total = {"loop": 0.0, "zmq": 0.0, "journal": 0.0}
+    for h, _ in hubs:
+        for k, v in _thread_cpu_seconds(h.pid).items():
+            total[k] += v
+    return {k: round(v - (minus or {}).get(k, 0.0), 3) for k, v in total.items()}
 
 
 def _cpu() -> str:
