@@ -12,11 +12,13 @@ Scores are logged by sample id only (the sample itself was logged when it arrive
 Compaction: the log is a chain of segments (`asyncrl.replay.segments`). At a `sync()` after which the
 current segment holds more than ``max(compact_bytes, COMPACT_RATIO x last snapshot)`` bytes, the journal
 starts segment k+1 and writes snapshot k+1 of the whole state, then deletes what the two newest valid
-snapshots cover. Disk therefore stays within about 2 snapshots + 2 segments (bounded by the live state,
-not by the run's length) and a resume loads one snapshot and replays at most about two segments. Writing
-a snapshot costs ~1/COMPACT_RATIO of the bytes logged meanwhile. A snapshot that fails to write leaves
-a journal that still resumes exactly (the new segment simply follows the old one); it is retried at the
-next threshold.
+snapshots cover. A snapshot refers to the live samples of its last `REF_SEGMENTS` segments where they were
+logged instead of copying them (`asyncrl.replay.segments`), so it costs little more than the state's
+bookkeeping; each sample's place is noted as it is logged (`PackedSample.stored`) or replayed. Disk
+therefore stays within about 2 snapshots + 2 + REF_SEGMENTS segments (bounded by the live state, not by the
+run's length) and a resume loads one snapshot, reads the records it names and replays at most about two
+segments. A snapshot that fails to write leaves a journal that still resumes exactly (the new segment
+simply follows the old one); it is retried at the next threshold.
 
 Threads: `Journal.open(path, background=False)` does all of this on the caller's thread, inside `sync()`
 (tests, `bench.journal`). The hub opens it with ``background=True``: mutations, records and the snapshot's
@@ -41,7 +43,7 @@ from asyncrl import wire
 from asyncrl.replay.flusher import Flusher
 from asyncrl.replay.journal_format import decode_record, encode_record, log_record_parts
 from asyncrl.replay.leases import LeaseEntry
-from asyncrl.replay.log import LogCorrupt, LogWriter, iter_records, iter_sealed
+from asyncrl.replay.log import LogCorrupt, LogWriter, iter_records_at
 from asyncrl.replay.segments import Segments
 from asyncrl.replay.snapshot import SnapshotInvalid, read_snapshot, state_image, write_snapshot
 from asyncrl.replay.state import HubState, Outcome
@@ -88,9 +90,15 @@ class Journal:
         if self._writer is not None:
             self._append((encode_record(list(record)),))
 
-    def _log_frame(self, kind: str, frame: bytes | memoryview) -> None:
-        if self._writer is not None:
-            self._append(tuple(log_record_parts(kind, frame)))
+    def _log_frame(self, kind: str, frame: bytes | memoryview, samples: list[wire.PackedSample] | None = None) -> None:
+        """Log `frame` as it arrived; note where each of `samples` (decoded from it) now lies on disk."""
+        if self._writer is None:
+            return
+        parts = log_record_parts(kind, frame)
+        if samples:
+            at = self.flusher.segment_bytes if self.flusher is not None else self._writer.bytes  # this record's offset
+            _note_stored(samples, (self.segment, at, len(parts[0])))
+        self._append(tuple(parts))
 
     def _append(self, parts: tuple[bytes | memoryview, ...]) -> None:
         if self.flusher is not None:
@@ -167,7 +175,7 @@ class Journal:
 
     def add_samples(self, frame: bytes | memoryview, msg: R.SampleBatch) -> Outcome:
         out = self.state.add_samples(msg.lease_id, msg.samples)
-        self._log_frame("samples", frame)
+        self._log_frame("samples", frame, msg.samples)
         return out
 
     def return_prompts(self, lease_id: str, prompt_ids: list[str]) -> int:
@@ -228,7 +236,7 @@ def _newest_snapshot(files: Segments) -> tuple[HubState, int, int]:
     for k in reversed(files.snapshots()):
         path = files.snapshot(k)
         try:
-            state, segment = read_snapshot(path)
+            state, segment = read_snapshot(path, files)
         except SnapshotInvalid as e:  # set aside (kept, never deleted) so that pruning never counts on it
             aside = path.with_name(path.name + ".bad")
             path.rename(aside)
@@ -255,10 +263,18 @@ def _replay_segments(files: Segments, state: HubState, base: int) -> int:
                          f"and segment {last}; nothing was changed. Restore it from a backup, or move the "
                          f"{files.base.name}* files aside to start the run afresh")
     for k in present:
-        path = files.segment(k)
-        for payload in iter_records(path) if k == last else iter_sealed(path):
-            apply(state, decode_record(payload))
+        for at, payload in iter_records_at(files.segment(k), sealed=k != last):
+            apply(state, decode_record(payload), (k, at, len(payload)))
     return last
+
+
+def _note_stored(samples: list[wire.PackedSample], record: tuple[int, int, int]) -> None:
+    """`record`: (segment, offset of the record, where the frame the samples were decoded from starts in
+    its payload)."""
+    segment, at, frame_at = record
+    for ps in samples:
+        if ps.offset >= 0:
+            ps.stored = (segment, at, frame_at + ps.offset)
 
 
 def _pack_score(r: R.ScoreResult) -> list[Any]:
@@ -271,8 +287,9 @@ def _unpack_score(v: list[Any]) -> R.ScoreResult:
                        status=R.ScoreStatus(status), reason=reason)
 
 
-def apply(state: HubState, record: list[Any]) -> None:
-    """Re-apply one logged mutation to `state` (log replay)."""
+def apply(state: HubState, record: list[Any], where: tuple[int, int, int] | None = None) -> None:
+    """Re-apply one logged mutation to `state` (log replay). `where`: (segment, offset, payload length) of
+    its log record, so that the samples it holds know where they lie on disk."""
     kind, *args = record
     if kind == "submit":
         msg = wire.decode(args[0])
@@ -281,6 +298,9 @@ def apply(state: HubState, record: list[Any]) -> None:
         state.grant(*args)
     elif kind == "samples":
         msg = wire.decode_packed(args[0])
+        if where is not None:  # the frame is the record's last value: it ends where the payload ends
+            segment, at, length = where
+            _note_stored(msg.samples, (segment, at, length - len(args[0])))
         state.add_samples(msg.lease_id, msg.samples)
     elif kind == "return":
         state.return_prompts(*args)

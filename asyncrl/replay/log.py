@@ -40,12 +40,36 @@ def iter_records(path: str | Path) -> Iterator[bytes]:
         yield payload
 
 
+def iter_records_at(path: str | Path, sealed: bool = False) -> Iterator[tuple[int, bytes]]:
+    """(byte offset of the record, payload) for each record of `iter_records` (`sealed`: of `iter_sealed`)."""
+    end = 0
+    for payload, end in _scan(path):
+        yield end - HEADER.size - len(payload), payload
+    if sealed:
+        _check_sealed(path, end)
+
+
 def iter_sealed(path: str | Path) -> Iterator[bytes]:
     """Payloads of a log that was closed cleanly; anything but whole, valid records raises LogCorrupt
     (after the valid prefix was yielded). Nothing is truncated."""
-    end = 0
-    for payload, end in _scan(path):
+    for _, payload in iter_records_at(path, sealed=True):
         yield payload
+
+
+def read_record_at(path: str | Path, offset: int) -> bytes:
+    """The payload of the record that starts at byte `offset` of the log at `path`, its checksum checked;
+    LogCorrupt (naming the file and offset) when no whole, valid record starts there."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        header = f.read(HEADER.size)
+        length, crc = HEADER.unpack(header) if len(header) == HEADER.size else (MAX_RECORD_BYTES + 1, 0)
+        payload = f.read(length) if length <= MAX_RECORD_BYTES else b""
+    if length > MAX_RECORD_BYTES or len(payload) != length or zlib.crc32(payload) != crc:
+        raise LogCorrupt(f"{path}: no whole record with a valid checksum at byte {offset}")
+    return payload
+
+
+def _check_sealed(path: str | Path, end: int) -> None:
     size = os.path.getsize(path)
     if end != size:
         raise LogCorrupt(

@@ -10,9 +10,14 @@ For a journal at ``RUN_DIR/replay.log``:
 Resume = newest valid snapshot k, then segments k, k+1, ... in order. Segment k exists before snapshot
 k is written (the journal rotates first), so a crash anywhere leaves a state that resumes exactly.
 
+A snapshot k does not copy the live samples logged in the REF_SEGMENTS segments before it (k-1, k-2): it
+names the record that holds each one (`PackedSample.stored`), and a resume reads them from there (checksum
+checked). Older live samples are copied into it, so what a snapshot needs stays within those segments.
+
 Deletion rule (`prune`): with the two newest snapshots that pass their checksum, a (newest) and b
-(previous), delete segments and snapshots numbered below b. Snapshot b plus the segments from b on
-still rebuild the state if a turns out bad; nothing not covered by a valid snapshot is ever deleted.
+(previous), delete snapshots numbered below b and segments numbered below b - REF_SEGMENTS. Snapshot b
+plus the segments it refers to and those from b on still rebuild the state if a turns out bad; nothing
+not covered by a valid snapshot is ever deleted.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from asyncrl.replay.log import LogCorrupt, iter_sealed
 from asyncrl.durable import fsync_dir
 
 log = logging.getLogger("asyncrl.replay")
+REF_SEGMENTS = 2  # a snapshot may refer to samples in this many segments before it (module doc)
 
 
 class Segments:
@@ -75,7 +81,7 @@ class Segments:
         if len(valid) < 2:
             return []
         keep_from = valid[1]
-        doomed = [self.segment(k) for k in self.segments() if k < keep_from]
+        doomed = [self.segment(k) for k in self.segments() if k < keep_from - REF_SEGMENTS]
         doomed += [self.snapshot(k) for k in self.snapshots() if k < keep_from]
         for p in doomed:
             p.unlink(missing_ok=True)

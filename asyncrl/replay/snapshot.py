@@ -8,7 +8,10 @@ starts a new log segment and loads the newest valid one on resume (see `asyncrl.
 File: one record in the log format of `asyncrl.replay.log` (``[length][crc32][payload]``), the payload
 being `journal_format.encode_record` of a plain map. Prompts are kept as their wire frames (`wire.encode`),
 samples as their Sample msgpack bytes (what `PackedSample.raw` holds), so nothing in a snapshot is pickled and
-a restore rebuilds the same records the hub had. Delivered batches are not stored as such: a batch is
+a restore rebuilds the same records the hub had. A sample logged in the `REF_SEGMENTS` segments before the
+snapshot is not copied: its entry is ``[segment, record offset, offset in the payload, length]``, where the
+journal logged it (`PackedSample.stored`), and a restore reads those bytes from that record, checksum
+checked (format 2; format 1 copied every sample and still loads). Delivered batches are not stored as such: a batch is
 rebuilt from its groups (their delivered samples, in index order), as `HubState.form_batch` made it.
 
 Encoding has two phases so that the hub's loop only takes the first: `state_image` (plain data, new
@@ -36,10 +39,12 @@ from asyncrl.replay.counts import SampleCounts
 from asyncrl.replay.groups import GroupEntry, Phase
 from asyncrl.replay.journal_format import decode_record, encode_record
 from asyncrl.replay.leases import LeaseEntry
-from asyncrl.replay.log import LogCorrupt, LogWriter, iter_sealed
+from asyncrl.replay.log import LogCorrupt, LogWriter, iter_sealed, read_record_at
+from asyncrl.replay.segments import REF_SEGMENTS, Segments
 from asyncrl.replay.state import HubState
 
-FORMAT = 1
+FORMAT = 2
+FORMATS = (1, 2)  # what `decode_state` reads
 S = R.SampleState
 _STATE_VALUES = {s: s.value for s in S}  # Enum.value is a Python-level property: ~1 us a read, per sample
 _PHASE_VALUES = {p: p.value for p in Phase}
@@ -73,8 +78,9 @@ def write_image(path: Path, image: dict[str, Any]) -> int:
     return path.stat().st_size
 
 
-def read_snapshot(path: Path) -> tuple[HubState, int]:
-    """(state, first segment to replay after it); SnapshotInvalid if the file does not check out."""
+def read_snapshot(path: Path, files: Segments | None = None) -> tuple[HubState, int]:
+    """(state, first segment to replay after it); SnapshotInvalid if the file does not check out, or a sample
+    it refers to is not in `files` (the journal's segments) whole and checksummed."""
     try:
         records = list(iter_sealed(path))
     except (LogCorrupt, OSError) as e:
@@ -82,7 +88,7 @@ def read_snapshot(path: Path) -> tuple[HubState, int]:
     if len(records) != 1:
         raise SnapshotInvalid(f"{path}: holds {len(records)} records, a snapshot holds exactly one")
     try:
-        return decode_state(records[0])
+        return decode_state(records[0], files)
     except Exception as e:  # any malformed content: this snapshot is unusable, an older one may do
         raise SnapshotInvalid(f"{path}: {type(e).__name__}: {e}") from None
 
@@ -103,7 +109,7 @@ def state_image(st: HubState, segment: int) -> dict[str, Any]:
         "format": FORMAT,
         "segment": segment,
         "counts": _pack_counts(st.counts),
-        "groups": [_pack_group(g) for g in st.groups.values()],
+        "groups": [_pack_group(g, segment - REF_SEGMENTS) for g in st.groups.values()],
         "queue": list(st.queue),
         "eval_queue": list(st.eval_queue),
         "eval_counts": _pack_counts(st.eval_counts),
@@ -133,14 +139,21 @@ def pack_image(image: dict[str, Any]) -> list[bytes]:
     return out
 
 
-def _pack_group(g: GroupEntry) -> list[Any]:
+def _pack_group(g: GroupEntry, oldest_ref: int) -> list[Any]:
     if g.prompt_frame is None:  # every snapshot holds every live group: encode each prompt once, not per snapshot
         g.prompt_frame = wire.encode(g.prompt)
-    # samples as [raw (packed as bin, copied once by msgpack), min_version, finite]; scores as [reward,
-    # components, status, reason]: built inline, this runs for every sample slot of every live group
+    n = len(g.samples)
+    if g.samples.count(None) == n:  # nothing generated yet (most groups of a queue fed ahead): no score either
+        return [g.prompt_frame, _PHASE_VALUES[g.phase], g.lease_id, list(map(_STATE_VALUES.__getitem__, g.states)),
+                list(g.min_versions), g.checked_min, [None] * n, [None] * n, g.client, g.evaluate]
+    # samples as [where, min_version, finite], where = [segment, record, offset, length] of its bytes in a
+    # segment >= oldest_ref, else raw (packed as bin, copied once by msgpack); scores as [reward, components,
+    # status, reason]: built inline, this runs for every sample slot of every live group
     return [g.prompt_frame, _PHASE_VALUES[g.phase], g.lease_id, list(map(_STATE_VALUES.__getitem__, g.states)),
             list(g.min_versions), g.checked_min,
-            [None if s is None else [s.raw, s.min_version, s.finite] for s in g.samples],
+            [None if s is None else
+             [s.raw if s.stored is None or s.stored[0] < oldest_ref else [*s.stored, len(s.raw)],
+              s.min_version, s.finite] for s in g.samples],
             [None if sc is None else [sc.reward, sc.components, _SCORE_VALUES[sc.status], sc.reason]
              for sc in g.scored],
             g.client, g.evaluate]
@@ -162,16 +175,20 @@ def _unpack_counts(c: SampleCounts, v: list[Any]) -> None:
 # ------------------------------------------------------------------------------------- decode
 
 
-def decode_state(data: bytes) -> tuple[HubState, int]:
+def decode_state(data: bytes, files: Segments | None = None) -> tuple[HubState, int]:
+    """`files`: the journal's segments, where the samples the snapshot refers to are read (None: it may
+    refer to none)."""
     d = decode_record(data)
-    if type(d) is not dict or d.get("format") != FORMAT:
-        raise SnapshotInvalid(f"snapshot format {d.get('format') if type(d) is dict else None!r} != {FORMAT}")
+    if type(d) is not dict or d.get("format") not in FORMATS:
+        raise SnapshotInvalid(f"snapshot format {d.get('format') if type(d) is dict else None!r} is not one of "
+                              f"{FORMATS}: written by a newer asyncrl?")
+    stored = _StoredSamples(files)
     st = HubState()
     _unpack_counts(st.counts, d["counts"])
     if "eval_counts" in d:  # absent in snapshots older than evaluation prompts
         _unpack_counts(st.eval_counts, d["eval_counts"])
     for packed in d["groups"]:
-        g = _unpack_group(packed)
+        g = _unpack_group(packed, stored)
         st.groups[g.prompt.prompt_id] = g
     st.queue.extend(d["queue"])
     st.eval_queue.extend(d.get("eval_queue", []))
@@ -184,7 +201,7 @@ def decode_state(data: bytes) -> tuple[HubState, int]:
     return st, d["segment"]
 
 
-def _unpack_group(v: list[Any]) -> GroupEntry:
+def _unpack_group(v: list[Any], stored: _StoredSamples) -> GroupEntry:
     prompt_frame, phase, lease_id, states, min_versions, checked_min, samples, scored, *flags = v
     prompt = wire.decode(prompt_frame)
     if type(prompt) is not R.Prompt:
@@ -193,12 +210,39 @@ def _unpack_group(v: list[Any]) -> GroupEntry:
                    min_versions=list(min_versions), checked_min=checked_min, client=bool(flags and flags[0]),
                    evaluate=bool(len(flags) > 1 and flags[1]),
                    prompt_frame=bytes(prompt_frame))
-    g.samples = [None if s is None else wire.PackedSample(prompt.prompt_id, i, s[1], s[0], s[2])
-                 for i, s in enumerate(samples)]
+    g.samples = [None if s is None else stored.sample(prompt.prompt_id, i, *s) for i, s in enumerate(samples)]
     g.scored = [None if sc is None else _unpack_scored(g.samples[i], sc) for i, sc in enumerate(scored)]
     if not len(g.states) == len(g.samples) == len(g.scored) == len(g.min_versions) == prompt.n:
         raise SnapshotInvalid(f"group {prompt.prompt_id!r} does not hold n={prompt.n} samples")
     return g
+
+
+class _StoredSamples:
+    """Reads the samples a snapshot refers to from the journal's segments, each record once."""
+
+    def __init__(self, files: Segments | None) -> None:
+        self.files = files
+        self.records: dict[tuple[int, int], memoryview] = {}
+
+    def sample(self, prompt_id: str, index: int, where: Any, min_version: int | None,
+               finite: bool) -> wire.PackedSample:
+        if type(where) is not list:  # the bytes themselves
+            return wire.PackedSample(prompt_id, index, min_version, where, finite)
+        segment, at, offset, length = where
+        if self.files is None:
+            raise SnapshotInvalid("it refers to samples in journal segments, and none were given to read them")
+        record = self.records.get((segment, at))
+        if record is None:
+            record = self.records[(segment, at)] = memoryview(read_record_at(self.files.segment(segment), at))
+        if not 0 <= offset <= offset + length <= len(record):
+            raise SnapshotInvalid(f"sample {prompt_id}/{index} lies outside record {at} of segment {segment}")
+        ps = wire.PackedSample(prompt_id, index, min_version, record[offset:offset + length], finite,
+                               stored=(segment, at, offset))
+        got = ps.unpack()  # the bytes are a valid Sample, and the one the snapshot names
+        if (got.prompt_id, got.sample_index) != (prompt_id, index):
+            raise SnapshotInvalid(f"sample {prompt_id}/{index}: segment {segment} holds {got.prompt_id}/"
+                                  f"{got.sample_index} at the place the snapshot names")
+        return ps
 
 
 def _unpack_scored(sample: wire.PackedSample | None, v: list[Any]) -> R.ScoredSample:

@@ -42,8 +42,10 @@ def decode_packed(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_
     if type(samples) is not list:
         raise fail(("SampleBatch", "samples"), "list", samples)
     assert len(spans) == len(samples), "one span per sample of the last 'samples' key"
-    return R.SampleBatch(lease_id=lease_id, samples=pack_samples(samples, [view[a:b] for a, b in spans],
-                                                                 ("SampleBatch", "samples")))
+    packed = pack_samples(samples, [view[a:b] for a, b in spans], ("SampleBatch", "samples"))
+    for ps, (a, _) in zip(packed, spans):
+        ps.offset = a  # the journal turns it into where the sample lies on disk (PackedSample.stored)
+    return R.SampleBatch(lease_id=lease_id, samples=packed)
 
 
 def _validate(top: Any) -> Any:

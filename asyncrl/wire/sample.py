@@ -56,6 +56,11 @@ class PackedSample:
     finite: bool = True  # every logprob is finite (the hub fails a sample that is not)
     # What a reward worker reads, as decoded on arrival, kept only until `take_scoring` (None: read `raw`).
     scoring: Scoring | None = dataclasses.field(default=None, compare=False, repr=False)
+    # Where `raw` starts in the frame `decode_packed` read it from (-1: not read from a frame).
+    offset: int = dataclasses.field(default=-1, compare=False, repr=False)
+    # Where the hub's journal holds `raw` on disk, set by `asyncrl.replay.journal` once it logged the frame:
+    # (segment, byte offset of the log record, offset of `raw` in that record's payload). None: not logged.
+    stored: tuple[int, int, int] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def unpack(self) -> R.Sample:
         return check_sample(unpackb(self.raw), "Sample")
