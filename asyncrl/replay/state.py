@@ -288,8 +288,7 @@ class HubState:
             g = self.groups[pid]
             groups.append(Group(prompt=g.prompt, samples=g.ok_samples()))
             g.phase = Phase.BATCHED
-            for i in g.indices(S.SCORED):
-                self._set(g, i, S.SCORED, S.DELIVERED)
+            self._move(g, S.SCORED, S.DELIVERED)
         batch = Batch(step=step, policy_version=self.version, groups=groups, dropped_stale=self.pending_dropped)
         self.pending_dropped = 0
         self.book.add(batch, pids)
@@ -305,9 +304,7 @@ class HubState:
         done = self.book.pop_through(step)
         for _, pids in done:
             for pid in pids:
-                g = self.groups.pop(pid)
-                for i in g.indices(S.DELIVERED):
-                    self._set(g, i, S.DELIVERED, S.TRAINED)
+                self._move(self.groups.pop(pid), S.DELIVERED, S.TRAINED)
         self._bump("batches_committed", len(done))
         self._check()
         return len(done)
@@ -357,8 +354,12 @@ class HubState:
         self._bump(event, 1)
 
     def _move(self, g: GroupEntry, src: SampleState, dst: SampleState) -> None:
-        for i in g.indices(src):
-            self._set(g, i, src, dst)
+        """Every sample of `g` in `src` to `dst`, counted at once."""
+        moved = g.indices(src)
+        for i in moved:
+            g.states[i] = dst
+        if moved:
+            (self.eval_counts if g.evaluate else self.counts).move(src, dst, len(moved), client=g.client)
 
     def _set(self, g: GroupEntry, i: int, src: SampleState, dst: SampleState) -> None:
         assert g.states[i] is src, f"{g.prompt.prompt_id}[{i}] is {g.states[i]}, not {src}"
