@@ -44,6 +44,7 @@ class GroupEntry:
     client: bool = False  # submitted by a client (SubmitPrompts.watch): its failures are counted apart
     evaluate: bool = False  # a held-out evaluation prompt (SubmitPrompts.evaluate): never READY, never batched
     prompt_frame: bytes | None = None  # the prompt's wire encoding, made once for snapshots (prompts never change)
+    untouched_image: bytes | None = None  # its snapshot entry, packed once, for as long as it stays as submitted
 
     @classmethod
     def new(cls, prompt: Prompt, client: bool = False, evaluate: bool = False) -> GroupEntry:

@@ -16,7 +16,9 @@ rebuilt from its groups (their delivered samples, in index order), as `HubState.
 
 Encoding has two phases so that the hub's loop only takes the first: `state_image` (plain data, new
 containers around leaves that never change: the state of that moment) and `pack_image` (msgpack, group by
-group, on any thread); `encode_state` is both at once.
+group, on any thread); `encode_state` is both at once. A group still as it was submitted (queued, never
+leased: most of a queue fed far ahead) is packed once and kept packed (`GroupEntry.untouched_image`): the
+image holds those bytes (`PackedGroup`) and `pack_image` writes them as they are.
 
 Writing is atomic: a temp name, fsync, rename, fsync of the directory. A file whose checksum, framing
 or content does not check out raises `SnapshotInvalid` on reading (the journal then falls back to the
@@ -36,7 +38,7 @@ from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.durable import fsync_dir
 from asyncrl.replay.counts import SampleCounts
-from asyncrl.replay.groups import GroupEntry, Phase
+from asyncrl.replay.groups import NEVER_STALE, GroupEntry, Phase
 from asyncrl.replay.journal_format import decode_record, encode_record
 from asyncrl.replay.leases import LeaseEntry
 from asyncrl.replay.log import LogCorrupt, LogWriter, iter_sealed, read_record_at
@@ -49,6 +51,10 @@ S = R.SampleState
 _STATE_VALUES = {s: s.value for s in S}  # Enum.value is a Python-level property: ~1 us a read, per sample
 _PHASE_VALUES = {p: p.value for p in Phase}
 _SCORE_VALUES = {s: s.value for s in R.ScoreStatus}
+
+
+class PackedGroup(bytes):
+    """A group's snapshot entry, already packed (see the module doc)."""
 
 
 class SnapshotInvalid(ValueError):
@@ -97,7 +103,7 @@ def read_snapshot(path: Path, files: Segments | None = None) -> tuple[HubState, 
 
 
 def encode_state(st: HubState, segment: int) -> bytes:
-    return encode_record(state_image(st, segment))
+    return b"".join(pack_image(state_image(st, segment)))
 
 
 def state_image(st: HubState, segment: int) -> dict[str, Any]:
@@ -125,27 +131,35 @@ def state_image(st: HubState, segment: int) -> dict[str, Any]:
 
 
 def pack_image(image: dict[str, Any]) -> list[bytes]:
-    """Pieces whose concatenation is `encode_record(image)`, each group packed by its own call: msgpack holds the
-    GIL for a whole call, so packing the state at once would stall the hub's loop for the whole snapshot."""
+    """Pieces whose concatenation is `encode_record(image)` (with each `PackedGroup` as its bytes), each group
+    packed by its own call: msgpack holds the GIL for a whole call, so packing the state at once would stall the
+    hub's loop for the whole snapshot."""
     packer = msgpack.Packer(use_bin_type=True)  # one per call: a Packer is not thread-safe
     out = [packer.pack_map_header(len(image))]
     for key, value in image.items():
         out.append(packer.pack(key))
         if key == "groups":
             out.append(packer.pack_array_header(len(value)))
-            out.extend(packer.pack(g) for g in value)
+            out.extend(g if type(g) is PackedGroup else packer.pack(g) for g in value)
         else:
             out.append(packer.pack(value))
     return out
 
 
-def _pack_group(g: GroupEntry, oldest_ref: int) -> list[Any]:
+def _pack_group(g: GroupEntry, oldest_ref: int) -> list[Any] | PackedGroup:
     if g.prompt_frame is None:  # every snapshot holds every live group: encode each prompt once, not per snapshot
         g.prompt_frame = wire.encode(g.prompt)
     n = len(g.samples)
     if g.samples.count(None) == n:  # nothing generated yet (most groups of a queue fed ahead): no score either
-        return [g.prompt_frame, _PHASE_VALUES[g.phase], g.lease_id, list(map(_STATE_VALUES.__getitem__, g.states)),
-                list(g.min_versions), g.checked_min, [None] * n, [None] * n, g.client, g.evaluate]
+        untouched = _untouched(g, n)
+        if untouched and g.untouched_image is not None:
+            return g.untouched_image  # type: ignore[return-value]
+        entry = [g.prompt_frame, _PHASE_VALUES[g.phase], g.lease_id, list(map(_STATE_VALUES.__getitem__, g.states)),
+                 list(g.min_versions), g.checked_min, [None] * n, [None] * n, g.client, g.evaluate]
+        if untouched:
+            g.untouched_image = PackedGroup(encode_record(entry))
+            return g.untouched_image  # type: ignore[return-value]
+        return entry
     # samples as [where, min_version, finite], where = [segment, record, offset, length] of its bytes in a
     # segment >= oldest_ref, else raw (packed as bin, copied once by msgpack); scores as [reward, components,
     # status, reason]: built inline, this runs for every sample slot of every live group
@@ -157,6 +171,12 @@ def _pack_group(g: GroupEntry, oldest_ref: int) -> list[Any]:
             [None if sc is None else [sc.reward, sc.components, _SCORE_VALUES[sc.status], sc.reason]
              for sc in g.scored],
             g.client, g.evaluate]
+
+
+def _untouched(g: GroupEntry, n: int) -> bool:
+    """`g` is as `GroupEntry.new` made it (its samples were checked to be all None), so its entry is too."""
+    return (g.phase is Phase.QUEUED and not g.lease_id and g.states.count(S.QUEUED) == n
+            and g.min_versions.count(NEVER_STALE) == n and g.checked_min == -NEVER_STALE)
 
 
 def _pack_counts(c: SampleCounts) -> list[Any]:

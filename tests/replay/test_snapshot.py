@@ -15,7 +15,7 @@ from asyncrl.replay.log import LogCorrupt
 from asyncrl.replay.segments import REF_SEGMENTS, Segments
 from asyncrl.replay.journal_format import decode_record, encode_record
 from asyncrl.replay.log import iter_sealed
-from asyncrl.replay.snapshot import SnapshotInvalid, decode_state, encode_state, read_snapshot
+from asyncrl.replay.snapshot import PackedGroup, SnapshotInvalid, decode_state, encode_state, read_snapshot, state_image
 from asyncrl.replay.state import HubState
 
 
@@ -221,3 +221,21 @@ def test_a_format_1_snapshot_with_every_sample_copied_still_loads():
     d["format"] = 3
     with pytest.raises(SnapshotInvalid, match="newer asyncrl"):
         decode_state(encode_record(d))
+
+
+def test_a_group_as_submitted_is_packed_once_and_a_touched_one_each_time():
+    j = Journal(HubState(), None)
+    j.submit(*arrive(R.SubmitPrompts(prompts=[prompt(f"q{i}", n=2) for i in range(3)])))
+    image = state_image(j.state, 1)
+    packed = [g for g in image["groups"] if isinstance(g, PackedGroup)]
+    assert len(packed) == 3 and state_image(j.state, 2)["groups"][0] is packed[0]  # the same bytes, not re-packed
+    lease, ps = j.grant("g", 1, now=1.0, ttl_s=60.0)
+    leased = [g for g in state_image(j.state, 3)["groups"] if not isinstance(g, PackedGroup)]
+    assert len(leased) == 1 and leased[0][2] == lease.lease_id
+    j.return_prompts(lease.lease_id, [ps[0].prompt_id])  # as submitted again: its packed entry is right again
+    assert all(isinstance(g, PackedGroup) for g in state_image(j.state, 4)["groups"])
+    lease, ps = j.grant("g", 1, now=2.0, ttl_s=60.0)
+    j.add_samples(*arrive(R.SampleBatch(lease_id=lease.lease_id, samples=[sample(ps[0].prompt_id, 0)])))
+    state, _ = decode_state(encode_state(j.state, 5))
+    assert fingerprint(state) == fingerprint(j.state)
+    assert sum(isinstance(g, PackedGroup) for g in state_image(j.state, 6)["groups"]) == 2
