@@ -16,8 +16,8 @@ first, as bench.replay's feeder does. Each request is timed from its frame to it
 encoding and writes, no disk wait) or background (records handed to the journal's threads, as the hub does;
 their work is not timed here, only the hand-over).
 
-Prints one JSON line per tree: us_per_sample (total) and by request kind, and the SampleBatch decode split
-of a SampleBatch of 16 x n samples (`wire.decode_packed` into its msgpack walk and its sample checks), each the median of `--repeat` runs.
+Prints one JSON line per tree: us_per_sample (total) and by request kind, and the decode split of a
+SampleBatch of 16 x n samples (`wire.decode_packed` into its msgpack walk and its sample checks), each the median of `--repeat` runs.
 `--baseline DIR` runs the same bench with `asyncrl` imported from the source tree DIR (e.g. `git worktree add
 /tmp/base HEAD`), interleaved with this tree's runs.
 """
