@@ -16,7 +16,7 @@ import msgpack
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.wire.arrays import ARRAY_EXT, DTYPES, F4, I4, VECTOR_HEADER, array_pieces, pack_array
+from asyncrl.wire.arrays import ARRAY_EXT, DTYPES, F4, I4, RUNS_EXT, VECTOR_HEADER, IntRuns, array_pieces, pack_array
 from asyncrl.wire.envelope import wire_name
 from asyncrl.wire.sample import PackedSample, sample_body
 
@@ -40,6 +40,8 @@ def encode(msg: Any) -> bytes:
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return pack_array(obj)
+    if type(obj) is IntRuns:
+        return msgpack.ExtType(RUNS_EXT, obj.payload)
     if type(obj) is PackedSample:  # outside a splicing message: correct, not fast
         return _default(obj.unpack())
     if type(obj) is R.Sample:  # the multi-turn fields only when set: single-turn bytes stay as they were

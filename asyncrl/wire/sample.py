@@ -24,7 +24,8 @@ import msgpack
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.wire.arrays import ARRAY_EXT, DTYPES, F4, I4, VECTOR_HEADER, as_numpy, vector
+from asyncrl.wire.arrays import (ARRAY_EXT, DTYPES, F4, I4, RUNS_EXT, VECTOR_HEADER, Runs, as_numpy, int_runs,
+                                  int_vector, runs_min, runs_ok, vector)
 from asyncrl.wire.checks import Where, WireError, dict_of, fail, path, scalar
 from asyncrl.wire.frames import unpackb
 
@@ -117,8 +118,12 @@ class PackedSample:
 
 
 def sample_body(s: R.Sample) -> dict[str, Any]:
-    """A Sample -> the map that encodes it: every base field, the multi-turn fields only when set."""
+    """A Sample -> the map that encodes it: every base field (versions as runs where smaller: `int_runs`), the
+    multi-turn fields only when set."""
     body = {n: getattr(s, n) for n in _BASE_FIELDS}
+    versions = s.versions
+    if type(versions) is np.ndarray and versions.dtype == DTYPES[I4] and versions.ndim == 1:
+        body["versions"] = int_runs(versions) or versions
     for name, default in EPISODE_FIELDS.items():
         value = getattr(s, name)
         if value is not None and (default is None or value != default):
@@ -182,16 +187,21 @@ def _plain_parts(v: Any) -> tuple[Any, ...] | None:
             return None  # an int is a float to `_TIMINGS`: `_parts` converts it
     prompt, resp, logp, vers = v["prompt_token_ids"], v["response_token_ids"], v["logprobs"], v["versions"]
     if not (type(prompt) is type(resp) is type(logp) is type(vers) is slice
-            and prompt.start == resp.start == logp.start == vers.start == ARRAY_EXT):
+            and prompt.start == resp.start == logp.start == ARRAY_EXT):
         return None
     p, r, lp, vs = prompt.stop, resp.stop, logp.stop, vers.stop
-    if len(p) < VECTOR_HEADER or len(r) < VECTOR_HEADER or len(lp) != len(r) or len(vs) != len(r):
+    if len(p) < VECTOR_HEADER or len(r) < VECTOR_HEADER or len(lp) != len(r):
         return None
     n = (len(r) - VECTOR_HEADER) >> 2  # headers: dtype code, ndim 1, u32 length; then exactly 4 x length bytes
     if (p[0] != I4 or p[1] != 1 or len(p) != VECTOR_HEADER + 4 * int.from_bytes(p[2:6], "little")
-            or r[0] != I4 or r[1] != 1 or lp[0] != F4 or lp[1] != 1 or vs[0] != I4 or vs[1] != 1
-            or len(r) != VECTOR_HEADER + 4 * n or int.from_bytes(r[2:6], "little") != n
-            or r[2:6] != lp[2:6] or r[2:6] != vs[2:6]):
+            or r[0] != I4 or r[1] != 1 or lp[0] != F4 or lp[1] != 1
+            or len(r) != VECTOR_HEADER + 4 * n or int.from_bytes(r[2:6], "little") != n or r[2:6] != lp[2:6]):
+        return None
+    if vers.start == RUNS_EXT:  # the usual form: runs of one version
+        if not (runs_ok(vs) and int.from_bytes(vs[:4], "little") == n):
+            return None
+        vs = Runs(vs)
+    elif not (vers.start == ARRAY_EXT and len(vs) == len(r) and vs[0] == I4 and vs[1] == 1 and vs[2:6] == r[2:6]):
         return None
     return pid, idx, finish, (p, (len(p) - VECTOR_HEADER) >> 2), (r, n), (lp, n), (vs, n), text, timings, gen
 
@@ -206,9 +216,15 @@ def _token_checks(versions: list[tuple[bytes, int]], logprobs: list[tuple[bytes,
     if not full:
         return oldest, finite
     starts = np.cumsum([0] + [lengths[i] for i in full[:-1]])
-    vers = np.frombuffer(b"".join([memoryview(versions[i][0])[VECTOR_HEADER:] for i in full]), DTYPES[I4])
-    for i, m in zip(full, np.minimum.reduceat(vers, starts).tolist()):
-        oldest[i] = m
+    plain = [i for i in full if type(versions[i][0]) is not Runs]  # runs: their smallest value, read directly
+    for i in full:
+        if type(versions[i][0]) is Runs:
+            oldest[i] = runs_min(versions[i][0])
+    if plain:
+        vers = np.frombuffer(b"".join([memoryview(versions[i][0])[VECTOR_HEADER:] for i in plain]), DTYPES[I4])
+        at = np.cumsum([0] + [lengths[i] for i in plain[:-1]])
+        for i, m in zip(plain, np.minimum.reduceat(vers, at).tolist()):
+            oldest[i] = m
     ok = np.isfinite(np.frombuffer(b"".join([memoryview(logprobs[i][0])[VECTOR_HEADER:] for i in full]), DTYPES[F4]))
     if not ok.all():
         for i, f in zip(full, np.logical_and.reduceat(ok, starts).tolist()):
@@ -233,7 +249,7 @@ def _parts(v: Any, where: Where) -> tuple[Any, ...]:
     prompt = vector(_need(v, "prompt_token_ids", where), I4, (where, "prompt_token_ids"))
     resp = vector(_need(v, "response_token_ids", where), I4, (where, "response_token_ids"))
     logp = vector(_need(v, "logprobs", where), F4, (where, "logprobs"))
-    vers = vector(_need(v, "versions", where), I4, (where, "versions"))
+    vers = int_vector(_need(v, "versions", where), (where, "versions"))
     finish = _finish(_need(v, "finish_reason", where), where)
     if not resp[1] == logp[1] == vers[1]:
         raise WireError(f"{path(where)}: response has {resp[1]} tokens but {logp[1]} logprobs and {vers[1]} versions")
