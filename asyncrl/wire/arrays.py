@@ -28,6 +28,8 @@ from asyncrl.wire.checks import Check, Where, WireError, fail, path
 ARRAY_EXT = 1
 RUNS_EXT = 2
 RUNS_HEADER = 8  # n, r
+_ONE_RUN = struct.Struct("<IIiI")  # n, r = 1, the value, its end = n: how nearly every sample's versions travel
+_NO_RUNS = bytes(RUNS_HEADER)  # n = 0, r = 0: an empty response
 
 # dtype code <-> numpy dtype (always little-endian on the wire)
 DTYPES: dict[int, np.dtype] = {
@@ -141,7 +143,10 @@ def int_runs(arr: np.ndarray) -> IntRuns | None:
     """`arr` (1-d int32) as runs where that is smaller than the plain vector, else None."""
     n = len(arr)
     if n == 0:
-        return IntRuns(bytes(RUNS_HEADER))
+        return IntRuns(_NO_RUNS)
+    first = int(arr[0])
+    if n > 3 and not (arr != first).any():  # one run (3 values or fewer: smaller as a vector)
+        return IntRuns(_ONE_RUN.pack(n, 1, first, n))
     breaks = np.flatnonzero(arr[1:] != arr[:-1]) + 1  # [r - 1]
     r = len(breaks) + 1
     if RUNS_HEADER + 8 * r >= VECTOR_HEADER + 4 * n:
@@ -160,6 +165,8 @@ def int_vector(v: Any, where: Where) -> tuple[bytes, int]:
 
 def runs_ok(data: bytes) -> bool:
     """Whether `data` is a well-formed RUNS_EXT payload (the hub's straight-line check; `int_vector` words why not)."""
+    if len(data) == _ONE_RUN.size:  # the usual payload, checked without numpy: one run ending at n > 0
+        return data[4:8] == b"\x01\x00\x00\x00" and data[12:16] == data[:4] and data[:4] != b"\x00\x00\x00\x00"
     if len(data) < RUNS_HEADER:
         return False
     n, r = int.from_bytes(data[:4], "little"), int.from_bytes(data[4:8], "little")
@@ -185,6 +192,8 @@ def _runs(data: bytes, where: Where) -> Runs:
 def runs_min(data: bytes) -> int | None:
     """The smallest value of a checked runs payload (None when it holds no value)."""
     r = int.from_bytes(data[4:8], "little")
+    if r == 1:
+        return int.from_bytes(data[8:12], "little", signed=True)
     return int(np.frombuffer(data, "<i4", r, RUNS_HEADER).min()) if r else None
 
 
@@ -193,6 +202,9 @@ def expand_runs(data: bytes) -> np.ndarray:
     r = int.from_bytes(data[4:8], "little")
     if r == 0:
         return np.zeros(0, DTYPES[I4])
+    if r == 1:
+        return np.full(int.from_bytes(data[:4], "little"), int.from_bytes(data[8:12], "little", signed=True),
+                       DTYPES[I4])
     values = np.frombuffer(data, "<i4", r, RUNS_HEADER)
     ends = np.frombuffer(data, "<u4", r, RUNS_HEADER + 4 * r).astype(np.int64)
     return np.repeat(values, np.diff(ends, prepend=0)).astype(DTYPES[I4], copy=False)
