@@ -1,10 +1,11 @@
 """Records -> frames.
 
 A body is the record's fields as a msgpack map, nested records as maps, arrays as ext type 1, a Sample's
-versions as runs (ext type 2) where that is smaller (`asyncrl.wire.arrays`). Messages that carry samples (SampleBatch, Batch, Completion) are composed
-piece by piece: each `PackedSample`'s bytes are spliced in as they are, and each Sample's arrays go in as
-views of their memory behind a prebuilt ext header (no ExtType, no copy until the frame's one join). The
-frame is byte-identical to encoding the full Samples with msgpack (tests/test_wire*.py hold it to that).
+versions as runs (ext type 2) where that is smaller (`asyncrl.wire.arrays`). Messages that carry samples
+(SampleBatch, Batch, Completion) are composed piece by piece: each `PackedSample`'s bytes are spliced in as
+they are, and each Sample's arrays go in as views of their memory behind a prebuilt ext header (no ExtType,
+no copy until the frame's one join). The frame is byte-identical to encoding the full Samples with msgpack
+(tests/test_wire*.py hold it to that).
 """
 
 from __future__ import annotations
