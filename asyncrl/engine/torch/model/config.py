@@ -82,10 +82,15 @@ def _check_supported(architecture: str, config: Any) -> dict[str, Any]:
         uses_window = getattr(config, "sliding_window", None) is not None
     if uses_window:
         raise ValueError(f"{architecture}: sliding-window attention is not supported by the torch engine")
-    rope_type = _rope_params(config).get("rope_type", "default")
-    if rope_type not in STATIC_ROPE_TYPES:
-        raise ValueError(f"{architecture}: rope_type={rope_type!r} is not supported; supported: {STATIC_ROPE_TYPES}")
+    kind = rope_type(config)
+    if kind not in STATIC_ROPE_TYPES:
+        raise ValueError(f"{architecture}: rope_type={kind!r} is not supported; supported: {STATIC_ROPE_TYPES}")
     return SUPPORTED_ARCHITECTURES[architecture]
+
+
+def rope_type(config: Any) -> str:
+    """The RoPE kind of a Hugging Face config ("default" when it names none)."""
+    return str(_rope_params(config).get("rope_type", "default"))
 
 
 def _flag(value: bool | str, config: Any, name: str) -> bool:

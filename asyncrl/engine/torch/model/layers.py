@@ -76,7 +76,9 @@ class RotaryEmbedding(nn.Module):
 
 
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """[head_dim / 2] fp32, on the CPU even inside a meta-device context (meta arithmetic goes through torch's
+    Python reference ops, whose first use imports torch._dynamo: ~1 s of a start-up)."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
