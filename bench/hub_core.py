@@ -43,6 +43,7 @@ from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.hub import _frame
 from asyncrl.replay.journal import Journal
+from bench.replay import make_sample
 
 LEASES_PER_STEP = 2
 SUBMIT_CHUNK = 1024
@@ -71,11 +72,8 @@ class Driver:
 
 
 def template(tokens: int) -> R.Sample:
-    rng = np.random.default_rng(0)
-    return R.Sample(prompt_id="", sample_index=0, prompt_token_ids=rng.integers(0, 32000, 128, dtype=np.int32),
-                    response_token_ids=rng.integers(0, 32000, tokens, dtype=np.int32),
-                    logprobs=-rng.random(tokens, dtype=np.float32), versions=np.zeros(tokens, np.int32),
-                    finish_reason=R.FinishReason.STOP, response_text="x" * 64, generator="bench-gen")
+    """The sample every generated one copies its arrays from: bench.replay's producer's."""
+    return make_sample("", 0, tokens, np.random.default_rng(0))
 
 
 def samples_for(lease: R.Lease, n: int, t: R.Sample) -> list[R.Sample]:
