@@ -105,3 +105,23 @@ def test_int_runs_is_exact_for_random_arrays():
         got = int_runs(arr)
         if got is not None:
             assert runs_ok(got.payload) and np.array_equal(expand_runs(got.payload), arr)
+
+
+def test_random_runs_payloads_either_decode_to_the_response_length_or_are_refused():
+    rng = np.random.default_rng(1)
+    n = 4
+    for _ in range(2000):
+        r = int(rng.integers(0, 4))
+        if rng.random() < 0.5:  # plausible headers with random runs
+            payload = runs(int(rng.choice([0, 3, 4, 5, 1 << 32 - 1])), rng.integers(-3, 3, r).tolist(),
+                           rng.integers(0, 6, r).tolist())
+        else:
+            payload = rng.bytes(int(rng.integers(0, 40)))
+        frame = runs_frame(payload, n)
+        for decode in (wire.decode, wire.decode_packed):
+            try:
+                got = decode(frame).samples[0]
+            except wire.WireError:
+                continue
+            versions = got.versions if isinstance(got, R.Sample) else got.unpack().versions
+            assert len(versions) == n and versions.dtype == np.int32
