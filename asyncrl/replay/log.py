@@ -24,6 +24,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger("asyncrl.replay")
 HEADER = struct.Struct("<II")  # payload length, crc32 of payload
@@ -61,12 +62,10 @@ def read_record_at(path: str | Path, offset: int) -> bytes:
     LogCorrupt (naming the file and offset) when no whole, valid record starts there."""
     with open(path, "rb") as f:
         f.seek(offset)
-        header = f.read(HEADER.size)
-        length, crc = HEADER.unpack(header) if len(header) == HEADER.size else (MAX_RECORD_BYTES + 1, 0)
-        payload = f.read(length) if length <= MAX_RECORD_BYTES else b""
-    if length > MAX_RECORD_BYTES or len(payload) != length or zlib.crc32(payload) != crc:
+        got = _read_record(f)
+    if got is None or not got[1]:
         raise LogCorrupt(f"{path}: no whole record with a valid checksum at byte {offset}")
-    return payload
+    return got[0]
 
 
 def _check_sealed(path: str | Path, end: int) -> None:
@@ -92,16 +91,12 @@ def _scan(path: str | Path) -> Iterator[tuple[bytes, int]]:
     with open(path, "rb") as f:
         end = 0
         while True:
-            header = f.read(HEADER.size)
-            if len(header) < HEADER.size:
-                return
-            length, crc = HEADER.unpack(header)
-            if length > MAX_RECORD_BYTES:
-                return  # a torn header (or a corrupted length: its bytes are kept aside, see LogWriter)
-            payload = f.read(length)
-            if len(payload) < length:
-                return
-            if zlib.crc32(payload) != crc:
+            got = _read_record(f)
+            if got is None:
+                return  # a torn tail (or a corrupted length: its bytes are kept aside, see LogWriter)
+            payload, valid = got
+            length = len(payload)
+            if not valid:
                 if f.read(1):  # whole records follow: this is not a torn tail
                     size = os.path.getsize(path)
                     raise LogCorrupt(
@@ -111,6 +106,21 @@ def _scan(path: str | Path) -> Iterator[tuple[bytes, int]]:
                 return
             end += HEADER.size + length
             yield payload, end
+
+
+def _read_record(f: BinaryIO) -> tuple[bytes, bool] | None:
+    """The record at `f`'s position: (payload, whether its checksum matches), or None when no whole record
+    is there (a partial header or payload, or a length past MAX_RECORD_BYTES)."""
+    header = f.read(HEADER.size)
+    if len(header) < HEADER.size:
+        return None
+    length, crc = HEADER.unpack(header)
+    if length > MAX_RECORD_BYTES:
+        return None
+    payload = f.read(length)
+    if len(payload) < length:
+        return None
+    return payload, zlib.crc32(payload) == crc
 
 
 def _set_torn_tail_aside(path: Path, end: int) -> None:
