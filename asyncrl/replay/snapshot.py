@@ -150,27 +150,27 @@ def _pack_group(g: GroupEntry, oldest_ref: int) -> list[Any] | PackedGroup:
     if g.prompt_frame is None:  # every snapshot holds every live group: encode each prompt once, not per snapshot
         g.prompt_frame = wire.encode(g.prompt)
     n = len(g.samples)
-    if g.samples.count(None) == n:  # nothing generated yet (most groups of a queue fed ahead): no score either
-        untouched = _untouched(g, n)
-        if untouched and g.untouched_image is not None:
-            return g.untouched_image  # type: ignore[return-value]
-        entry = [g.prompt_frame, _PHASE_VALUES[g.phase], g.lease_id, list(map(_STATE_VALUES.__getitem__, g.states)),
-                 list(g.min_versions), g.checked_min, [None] * n, [None] * n, g.client, g.evaluate]
-        if untouched:
-            g.untouched_image = PackedGroup(encode_record(entry))
-            return g.untouched_image  # type: ignore[return-value]
-        return entry
+    empty = g.samples.count(None) == n  # nothing generated yet (most groups of a queue fed ahead): no score either
+    untouched = empty and _untouched(g, n)
+    if untouched and g.untouched_image is not None:
+        return g.untouched_image  # type: ignore[return-value]
     # samples as [where, min_version, finite], where = [segment, record, offset, length] of its bytes in a
     # segment >= oldest_ref, else raw (packed as bin, copied once by msgpack); scores as [reward, components,
     # status, reason]: built inline, this runs for every sample slot of every live group
-    return [g.prompt_frame, _PHASE_VALUES[g.phase], g.lease_id, list(map(_STATE_VALUES.__getitem__, g.states)),
-            list(g.min_versions), g.checked_min,
-            [None if s is None else
-             [s.raw if s.stored is None or s.stored[0] < oldest_ref else [*s.stored, len(s.raw)],
-              s.min_version, s.finite] for s in g.samples],
-            [None if sc is None else [sc.reward, sc.components, _SCORE_VALUES[sc.status], sc.reason]
-             for sc in g.scored],
-            g.client, g.evaluate]
+    entry = [g.prompt_frame, _PHASE_VALUES[g.phase], g.lease_id, list(map(_STATE_VALUES.__getitem__, g.states)),
+             list(g.min_versions), g.checked_min,
+             [None] * n if empty else
+             [None if s is None else
+              [s.raw if s.stored is None or s.stored[0] < oldest_ref else [*s.stored, len(s.raw)],
+               s.min_version, s.finite] for s in g.samples],
+             [None] * n if empty else
+             [None if sc is None else [sc.reward, sc.components, _SCORE_VALUES[sc.status], sc.reason]
+              for sc in g.scored],
+             g.client, g.evaluate]
+    if untouched:
+        g.untouched_image = PackedGroup(encode_record(entry))
+        return g.untouched_image  # type: ignore[return-value]
+    return entry
 
 
 def _untouched(g: GroupEntry, n: int) -> bool:
