@@ -43,7 +43,7 @@ from asyncrl.replay.config import BatchConfig, HubConfig
 from asyncrl.replay.core import HubCore
 from asyncrl.replay.hub import _frame
 from asyncrl.replay.journal import Journal
-from bench.replay import make_sample
+from bench.replay import _commit, _env, make_sample
 
 LEASES_PER_STEP = 2
 SUBMIT_CHUNK = 1024
@@ -171,15 +171,9 @@ def compare(args: argparse.Namespace) -> list[dict]:
 
 def _run_in(src: str, args: argparse.Namespace) -> dict:
     """One measurement in a fresh process whose `asyncrl` comes from the source tree `src`."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", f"--steps={args.steps}",
            f"--prompts-per-step={args.prompts_per_step}", f"--n={args.n}", f"--tokens={args.tokens}", f"--log={args.log}"]
-    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=src, env=env).stdout)
-
-
-def _commit(src: str) -> str:
-    got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=src)
-    return got.stdout.strip() or "unknown"
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=src, env=_env(src)).stdout)
 
 
 def main(argv: list[str] | None = None) -> None:
