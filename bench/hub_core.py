@@ -17,7 +17,8 @@ encoding and writes, no disk wait) or background (records handed to the journal'
 their work is not timed here, only the hand-over).
 
 Prints one JSON line per tree: us_per_sample (total) and by request kind, and the decode split of a
-SampleBatch of 16 x n samples (`wire.decode_packed` into its msgpack walk and its sample checks), each the median of `--repeat` runs.
+SampleBatch of 16 x n samples (`wire.decode_packed` into its msgpack walk and its sample checks), each the
+median of `--repeat` runs.
 `--baseline DIR` runs the same bench with `asyncrl` imported from the source tree DIR (e.g. `git worktree add
 /tmp/base HEAD`), interleaved with this tree's runs.
 """
@@ -164,8 +165,9 @@ def compare(args: argparse.Namespace) -> list[dict]:
                     "decode_us_per_sample": decode,
                     "context": {"steps": args.steps, "prompts_per_step": args.prompts_per_step, "n": args.n,
                                 "response_tokens": args.tokens, "prompt_tokens": 128, "log": args.log,
-                                "samples_per_message": args.prompts_per_step // LEASES_PER_STEP * args.n, "commit": _commit(src), "src": src,
-                                "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}})
+                                "samples_per_message": args.prompts_per_step // LEASES_PER_STEP * args.n,
+                                "commit": _commit(src), "src": src, "cpus": os.cpu_count(),
+                                "date": time.strftime("%Y-%m-%d")}})
     return out
 
 
