@@ -55,42 +55,40 @@ def load_direct(path: str | os.PathLike, dtype: torch.dtype) -> CausalLM | None:
         return None
     generation = GenerationConfig.from_pretrained(folder) if (folder / "generation_config.json").is_file() else None
     arch = ArchConfig.from_hf(names[0], config, generation)
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(weights).items()
-             if not k.endswith(_IGNORED_SUFFIXES)}
-    if arch.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    with torch.device("meta"):
-        model = CausalLM(arch)
-    result = model.load_state_dict(state, strict=False, assign=True)
-    missing = [k for k in result.missing_keys if not (arch.tie_word_embeddings and k == "lm_head.weight")]
-    if missing or result.unexpected_keys:
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(weights).items()}
+    model, _ = _assemble(arch, state)
+    if model is None:
         return None  # names of another layout: transformers' loading knows its renames
-    model.tie_weights()
     model.model.rotary_emb.inv_freq = default_inv_freq(arch.head_dim, arch.rope_theta)
     model.model.rotary_emb.attention_scaling = 1.0
-    model.requires_grad_(False)
-    return model.eval()
+    return model
 
 
 def build_from_hf(hf_model: Any) -> CausalLM:
     """Compact model sharing `hf_model`'s tensors (same device and dtype)."""
     arch = ArchConfig.from_hf(type(hf_model).__name__, hf_model.config, getattr(hf_model, "generation_config", None))
-    with torch.device("meta"):
-        model = CausalLM(arch)
-    state = {k: v for k, v in hf_model.state_dict().items() if not k.endswith(_IGNORED_SUFFIXES)}
+    model, mismatch = _assemble(arch, hf_model.state_dict())
+    if model is None:
+        raise ValueError(f"{arch.architecture}: weights do not match the compact model ({mismatch})")
+    _copy_rope(model, hf_model)
+    return model
+
+
+def _assemble(arch: ArchConfig, tensors: dict[str, torch.Tensor]) -> tuple[CausalLM | None, str]:
+    """(the compact model taking over `tensors` by Hugging Face name, frozen, in eval mode, ""), or (None, which
+    names are missing or unexpected). Its RoPE table is the caller's to set."""
+    state = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
     if arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)
+    with torch.device("meta"):
+        model = CausalLM(arch)
     result = model.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in result.missing_keys if not (arch.tie_word_embeddings and k == "lm_head.weight")]
     if missing or result.unexpected_keys:
-        raise ValueError(
-            f"{arch.architecture}: weights do not match the compact model "
-            f"(missing {missing[:5]}, unexpected {result.unexpected_keys[:5]})"
-        )
+        return None, f"missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
     model.tie_weights()
-    _copy_rope(model, hf_model)
     model.requires_grad_(False)
-    return model.eval()
+    return model.eval(), ""
 
 
 def _copy_rope(model: CausalLM, hf_model: Any) -> None:
