@@ -175,7 +175,7 @@ def runs_ok(data: bytes) -> bool:
     if r == 0:
         return True
     ends = np.frombuffer(data, "<u4", r, RUNS_HEADER + 4 * r)
-    return bool(ends[-1] == n and ends[0] > 0 and (r == 1 or (ends[1:] > ends[:-1]).all()))
+    return bool(ends[-1] == n and ends[0] > 0 and (ends[1:] > ends[:-1]).all())
 
 
 def _runs(data: bytes, where: Where) -> Runs:
