@@ -12,7 +12,6 @@ A damaged journal (LogCorrupt) ends it with one line on stderr and exit status 2
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from asyncrl.net.hub_shards import HubShard
 from asyncrl.run.lifecycle import start_service
 from asyncrl.observe.prometheus import url_port
 from asyncrl.replay.config import shard_batch
-from asyncrl.replay.hub import Hub, install_uvloop, settle_gc
+from asyncrl.replay.hub import Hub, settle_gc
 from asyncrl.replay.log import LogCorrupt
 
 EXIT_LOG_CORRUPT = EXIT_CANNOT_START = 2  # a damaged journal, a name that is no shard: a restart cannot help
@@ -32,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     started = start_service("asyncrl replay hub", None, argv=argv)  # the hub holds the secret itself
     stop, cfg, run = started.stop, started.cfg, started.run
     run_dir = Path(started.args.run_dir)
-    install_uvloop()
     try:
         shard = HubShard.of(started.args.name, cfg.hub.shards, run_dir)
     except ValueError as e:  # a name that is no shard of this run
@@ -49,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.on_set(hub.stop)  # the loop leaves within one tick
         print(json.dumps({"endpoint": hub.endpoint}), flush=True)
         settle_gc()  # this process is the hub's: its start-up heap frozen out of collections
-        asyncio.run(hub.serve())
+        hub.serve()
     finally:
         hub.close()
     return 0

@@ -1,4 +1,4 @@
-"""`BackgroundHub`: a hub served from a daemon thread with its own event loop (tests, notebooks, embedding).
+"""`BackgroundHub`: a hub served from a daemon thread (tests, notebooks, embedding).
 
     hub = BackgroundHub(HubConfig(), BatchConfig(), run_dir=None)   # binds a free loopback port
     hub = BackgroundHub(..., secret=RunSecret.ensure(run_dir))      # peers must authenticate (roles checked)
@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from pathlib import Path
 
@@ -43,7 +42,7 @@ class BackgroundHub:
             return
         self._ready.set()
         try:
-            asyncio.run(self.hub.serve())
+            self.hub.serve()
         finally:
             self.hub.close()
 

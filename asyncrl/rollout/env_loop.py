@@ -10,6 +10,9 @@ resolves to a `Failure` with the reason; it never raises into the generator. A p
 cannot be killed from Python: its thread is abandoned (the episode fails at the timeout) and the pool
 keeps serving others with the threads it has left; environments that can hang should be async or run
 their work in a subprocess with its own limits.
+
+The loop is uvloop's where it is installed (the project's event loop: many episodes awaiting tools at once),
+else asyncio's own.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class Outcome:
 
 class EnvLoop:
     def __init__(self, threads: int = 16) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="env")
         self.loop.set_default_executor(self.pool)
         self.thread = threading.Thread(target=self.loop.run_forever, name="env-loop", daemon=True)
@@ -71,3 +74,12 @@ class EnvLoop:
 
 def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop event loop where uvloop is installed (it is optional on some platforms), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
