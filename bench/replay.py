@@ -10,7 +10,8 @@ measured against its parent in one invocation under the same machine load. `--re
 configuration N times and prints its median run (with every run's samples_per_s). One JSON line per
 configuration.
 
-The hub (services.replay) runs in its own process pinned to one core (`--shards N`: N hub processes,
+Peers reach the hub as a local run's do: through a Unix socket in the run directory (`--transport tcp`: TCP
+on loopback, as peers on other hosts would). The hub (services.replay) runs in its own process pinned to one core (`--shards N`: N hub processes,
 `replay-0..N-1`, pinned to cores hub_core..hub_core+N-1, which the peers reach through ShardedPeer as a run's
 do). The peer processes, pinned to the other cores, drive it like a run does:
 
@@ -186,9 +187,15 @@ def start_hubs(run_dir: str, args: argparse.Namespace, src: str) -> list[tuple[s
     if args.shards > 1:
         sets.append(f"hub.shards={args.shards}")
     save_config(Path(run_dir), load_run_config(None, sets))  # the run directory as the launcher leaves it
-    endpoints: dict = {"replay": "tcp://127.0.0.1:0"}  # port 0: any free one
+    from asyncrl.net.endpoints import unix_endpoint  # here: peers run this file against a --baseline tree's asyncrl
+
+    # as a local run's launcher does (launch.unix_sockets): a Unix socket in the run directory; tcp port 0: any free one
+    names = [shard_name(k, args.shards) for k in range(args.shards)]
+    shards = [unix_endpoint(run_dir, name) if args.transport == "ipc" else None for name in names]
+    shards = [e or "tcp://127.0.0.1:0" for e in shards]
+    endpoints: dict = {"replay": shards[0]}
     if args.shards > 1:
-        endpoints["replay_shards"] = ["tcp://127.0.0.1:0"] * args.shards
+        endpoints["replay_shards"] = shards
     write_run_json(run_dir, {"endpoints": endpoints, "pids": {}})
     hubs = []
     for k in range(args.shards):
@@ -272,7 +279,7 @@ def run(args: argparse.Namespace, src: str) -> dict:
                     "prompts_per_step": args.prompts_per_step, "steps": args.steps,
                     "samples_per_message": args.n * args.lease_prompts, "max_staleness": args.max_staleness, "log": args.log,
                     "log_mb": round(log_bytes / 1e6, 1), "shards": args.shards, "producers": args.producers,
-                    "hub_cores": args.hub_cores, "peer_cores": args.peer_cores,
+                    "hub_cores": args.hub_cores, "peer_cores": args.peer_cores, "transport": args.transport,
                     "cpu": _cpu(), "cpus": os.cpu_count(), "commit": _commit(src), "src": src,
                     "date": time.strftime("%Y-%m-%d")},
     }
@@ -371,6 +378,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hub-core", type=int, default=0, help="the (first) hub's core; shard K takes the K-th core after it")
     ap.add_argument("--shards", type=int, default=1, help="hub processes (hub.shards), one core each")
     ap.add_argument("--producers", type=int, default=1, help="generator-like peer processes")
+    ap.add_argument("--transport", choices=("ipc", "tcp"), default="ipc",
+                    help="how peers reach the hub: ipc (a Unix socket in the run directory, as a local run's launcher "
+                         "sets it up) or tcp (loopback, as across hosts)")
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--hub-profile", default=None, metavar="PATH",
                     help="run the hub under cProfile, stats to PATH (read with python -m pstats PATH)")

@@ -28,7 +28,8 @@ from typing import Any
 
 from asyncrl import records as R
 from asyncrl.config.run import RunConfig
-from asyncrl.net.credentials import Credentials, RunSecret
+from asyncrl.net.credentials import Credentials, RunSecret, is_local
+from asyncrl.net.endpoints import unix_endpoint
 from asyncrl.run.feeder import Feeder
 from asyncrl.net.hub_shards import metrics_key, shard_name
 from asyncrl.net.peer import ENV_RECONNECT, HubPeer
@@ -68,7 +69,7 @@ class Supervisor:
         hub_at, self.master_addr = self.host.address("replay"), self.host.address("learner-0")
         hub_ports = [self._ports(name, [hub_at, LOOPBACK]) for name in self.hubs]  # (endpoint, metrics) per shard
         weights_port, self.master_port, learner_metrics = self._ports("learner-0", [self.master_addr] * 2 + [LOOPBACK])
-        shards = [f"tcp://{hub_at}:{port}" for port, _ in hub_ports]
+        shards = [self._hub_endpoint(name, hub_at, port) for name, (port, _) in zip(self.hubs, hub_ports)]
         self.endpoints: dict[str, Any] = {"replay": shards[0], "replay_shards": shards,
                                           "weights": f"tcp://{self.master_addr}:{weights_port}"}
         self.metrics_endpoints = ({**{metrics_key(k): metrics_url(m) for k, (_, m) in enumerate(hub_ports)},
@@ -254,6 +255,17 @@ class Supervisor:
             return self.peer.request(R.StatsRequest()).counters
         except Exception:  # noqa: BLE001 - progress must not kill the run
             return {}
+
+    def _hub_endpoint(self, name: str, address: str, port: int) -> str:
+        """Where the hub (shard) `name` binds: a Unix socket in the run directory when every peer is on this host
+        (`launch.unix_sockets`), else TCP on its host's address."""
+        tcp = f"tcp://{address}:{port}"
+        if not (self.cfg.launch.unix_sockets and self.cfg.launch.placement == "local" and is_local(tcp)):
+            return tcp
+        unix = unix_endpoint(self.run_dir, name)
+        if unix is None:
+            log.info("run directory %s is too deep for a Unix socket path; the hub listens on %s", self.run_dir, tcp)
+        return unix or tcp
 
     def _ports(self, name: str, addresses: list[str]) -> list[int]:
         """Free ports where `name` runs, none picked before in this run (two services may share a host)."""

@@ -56,6 +56,9 @@ def test_generator_killed_six_times_and_hub_once_the_run_finishes_by_itself(tmp_
     try:
         for i in range(6):
             wait_for_step(run_dir, 2 + 3 * i, proc=proc)
+            if i == 0:  # a local run: the hub is restarted on its Unix socket (a SIGKILL leaves the file behind)
+                assert json.loads((run_dir / "run.json").read_text())["endpoints"]["replay"] == \
+                    f"ipc://{run_dir.resolve()}/replay.sock"
             wait_new_pid(run_dir, "generator-0", kill(run_dir, "generator-0"), proc)
             if i == 2:
                 wait_new_pid(run_dir, "replay", kill(run_dir, "replay"), proc)

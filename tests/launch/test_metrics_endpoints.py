@@ -8,6 +8,7 @@ import pytest
 
 from asyncrl.config.launch import LaunchConfig
 from asyncrl.config.run import load_run_config
+from asyncrl.net.endpoints import unix_endpoint
 from asyncrl.observe.prometheus import url_port
 from asyncrl.run.rundir import read_run_json
 from launch.placement import Placement
@@ -49,3 +50,26 @@ def test_wandb_project_without_wandb_names_the_key_and_the_fix(monkeypatch):
     with pytest.raises(ValueError, match=r"launch.wandb_project='p'.*pip install wandb.*wandb_project=\"\""):
         LaunchConfig(wandb_project="p")
     assert LaunchConfig(wandb_project="").wandb_project == ""
+
+
+def test_a_local_run_reaches_its_hub_through_a_unix_socket_in_the_run_directory(tmp_path):
+    sup = Supervisor(load_run_config(None, ["hub.shards=2"]), tmp_path, resume=False, placement=PLACEMENT)
+    assert sup.endpoints["replay_shards"] == [f"ipc://{tmp_path}/replay-0.sock", f"ipc://{tmp_path}/replay-1.sock"]
+    assert sup.endpoints["replay"] == sup.endpoints["replay_shards"][0]
+
+
+@pytest.mark.parametrize("sets", [["launch.unix_sockets=false"], ["launch.host=10.1.2.3"]])
+def test_tcp_when_asked_or_when_the_hub_binds_a_network_address(tmp_path, sets, monkeypatch):
+    ports = iter(range(40000, 41000))
+    monkeypatch.setattr("launch.host.free_ports", lambda addresses: [next(ports) for _ in addresses])
+    sup = Supervisor(load_run_config(None, sets), tmp_path, resume=False, placement=PLACEMENT)
+    host = "10.1.2.3" if "launch.host=10.1.2.3" in sets else "127.0.0.1"
+    assert sup.endpoints["replay"] == f"tcp://{host}:40000"
+
+
+def test_a_run_directory_too_deep_for_a_unix_socket_path_uses_tcp(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)  # the launcher makes the run directory first
+    sup = Supervisor(load_run_config(None, []), deep, resume=False, placement=PLACEMENT)
+    assert sup.endpoints["replay"].startswith("tcp://127.0.0.1:")
+    assert unix_endpoint(deep, "replay") is None and unix_endpoint(tmp_path, "replay") == f"ipc://{tmp_path}/replay.sock"
