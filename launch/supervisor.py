@@ -264,7 +264,8 @@ class Supervisor:
             return tcp
         unix = unix_endpoint(self.run_dir, name)
         if unix is None:
-            log.info("run directory %s is too deep for a Unix socket path; the hub listens on %s", self.run_dir, tcp)
+            log.info("no Unix socket can live in the run directory %s (a path over 107 bytes, or a file system that "
+                     "refuses them); the hub listens on %s", self.run_dir, tcp)
         return unix or tcp
 
     def _ports(self, name: str, addresses: list[str]) -> list[int]:

@@ -25,7 +25,8 @@ class LaunchConfig:
     unix_sockets: bool = True
     """With placement = "local" and a loopback host, peers reach the hub through Unix sockets in the run directory
     (ipc://RUN_DIR/replay.sock), which cost the kernel less CPU per frame than TCP on loopback; false: TCP on
-    loopback. A run directory whose path is too long for a Unix socket (107 bytes) uses TCP."""
+    loopback. A run directory where no Unix socket can live (a path over 107 bytes, a file system that refuses
+    them) uses TCP."""
     progress: bool = True
     """Live progress in the terminal."""
     max_restarts: int = 3

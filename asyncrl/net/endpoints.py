@@ -9,6 +9,7 @@ file has the run directory's permissions."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import zmq
@@ -25,7 +26,21 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 
 
 def unix_endpoint(run_dir: str | Path, name: str) -> str | None:
-    """ipc://RUN_DIR/NAME.sock (an absolute path, so every process resolves it alike), or None where that path is
-    too long for a Unix socket (then the caller stays on TCP)."""
+    """ipc://RUN_DIR/NAME.sock (an absolute path, so every process resolves it alike), or None where a Unix socket
+    cannot live there: a path too long for one, or a file system that refuses them (some network file systems);
+    the caller then stays on TCP. Tried by binding a socket there once (and removing it)."""
     path = os.path.abspath(os.path.join(run_dir, f"{name}.sock"))
-    return f"ipc://{path}" if len(path.encode()) <= UNIX_PATH_MAX else None
+    if len(path.encode()) > UNIX_PATH_MAX:
+        return None
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if os.path.exists(path):
+            os.unlink(path)  # left by a killed run: ZeroMQ would replace it too
+        probe.bind(path)
+    except OSError:
+        return None
+    finally:
+        probe.close()
+        if os.path.exists(path):
+            os.unlink(path)
+    return f"ipc://{path}"

@@ -67,9 +67,11 @@ def test_tcp_when_asked_or_when_the_hub_binds_a_network_address(tmp_path, sets, 
     assert sup.endpoints["replay"] == f"tcp://{host}:40000"
 
 
-def test_a_run_directory_too_deep_for_a_unix_socket_path_uses_tcp(tmp_path):
+def test_a_run_directory_where_no_unix_socket_can_live_uses_tcp(tmp_path):
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)  # the launcher makes the run directory first
     sup = Supervisor(load_run_config(None, []), deep, resume=False, placement=PLACEMENT)
     assert sup.endpoints["replay"].startswith("tcp://127.0.0.1:")
     assert unix_endpoint(deep, "replay") is None and unix_endpoint(tmp_path, "replay") == f"ipc://{tmp_path}/replay.sock"
+    assert unix_endpoint(tmp_path / "missing", "replay") is None  # no socket can be bound there: TCP
+    assert not (tmp_path / "replay.sock").exists()  # the probe leaves nothing behind
