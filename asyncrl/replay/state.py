@@ -396,7 +396,7 @@ def _is_empty(p: Prompt) -> bool:
 
 
 def _finite_reward(r: ScoreResult) -> bool:
-    return math.isfinite(r.reward) and all(math.isfinite(v) for v in r.components.values())
+    return math.isfinite(r.reward) and (not r.components or all(math.isfinite(v) for v in r.components.values()))
 
 
 def _first_duplicate(ids: list[str]) -> str | None:
