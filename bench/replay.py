@@ -46,12 +46,11 @@ from statistics import median
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.config.run import load_run_config
 from asyncrl.net.hub_shards import HubShard, shard_name, shard_of
 from asyncrl.net.peer import HubPeer
 from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.replay.segments import Segments
-from asyncrl.run.rundir import save_config, write_run_json
+from asyncrl.run.rundir import write_run_json
 
 
 def pin(cores: list[int]) -> None:
@@ -186,7 +185,7 @@ def start_hubs(run_dir: str, args: argparse.Namespace, src: str) -> list[tuple[s
             f"hub.log={'true' if args.log else 'false'}", "hub.fsync=batch"]
     if args.shards > 1:
         sets.append(f"hub.shards={args.shards}")
-    save_config(Path(run_dir), load_run_config(None, sets))  # the run directory as the launcher leaves it
+    save_tree_config(run_dir, sets, src)  # the run directory as the launcher leaves it
     from asyncrl.net.endpoints import unix_endpoint  # here: peers run this file against a --baseline tree's asyncrl
 
     # as a local run's launcher does (launch.unix_sockets): a Unix socket in the run directory; tcp port 0: any free one
@@ -208,6 +207,14 @@ def start_hubs(run_dir: str, args: argparse.Namespace, src: str) -> list[tuple[s
                                env=_env(src), preexec_fn=lambda core=core: pin([core]))
         hubs.append((hub, json.loads(hub.stdout.readline())["endpoint"]))  # type: ignore[union-attr]
     return hubs
+
+
+def save_tree_config(run_dir: str, sets: list[str], src: str) -> None:
+    """RUN_DIR/config.json written by the tree `src`'s own config code (a --baseline tree refuses keys it does
+    not know, such as ones this tree added)."""
+    code = ("import sys; from pathlib import Path; from asyncrl.config.run import load_run_config; "
+            "from asyncrl.run.rundir import save_config; save_config(Path(sys.argv[1]), load_run_config(None, sys.argv[2:]))")
+    subprocess.run([sys.executable, "-c", code, run_dir, *sets], check=True, cwd=src, env=_env(src))
 
 
 def journal_bytes(run_dir: str, shards: int) -> int:
