@@ -136,13 +136,12 @@ class Hub:
             self._export(now)
         else:
             self.core.pump(now)
-        ticket = self.journal.sync()
-        if self.core.outbox:
-            now_out, held = self._split(self.core.outbox)
-            self._send(now_out)
-            if held:
-                self.held.append((ticket, held))
-            self.core.outbox = []
+        now_out, held = self._split(self.core.outbox) if self.core.outbox else ([], [])
+        self.core.outbox = []
+        ticket = self.journal.sync(durable=bool(held))  # a turn whose replies all go now waits for no fsync
+        self._send(now_out)
+        if held:
+            self.held.append((ticket, held))
         self._flush()
 
     def _split(self, outbox: list[tuple[list[bytes], Any]]) -> tuple[list, list]:

@@ -106,12 +106,14 @@ class Journal:
         else:
             self._writer.append(*parts)  # type: ignore[union-attr]
 
-    def sync(self) -> int:
+    def sync(self, durable: bool = True) -> int:
         """Make what was logged durable (per the fsync mode); compact once the segment has grown enough.
         Returns a ticket: everything logged so far is durable once `durable() >= ticket` (at once when not
-        in background mode; in background mode the caller holds its acknowledgements until then)."""
+        in background mode; in background mode the caller holds its acknowledgements until then).
+        `durable=False` (background mode): nobody waits for this ticket; its records are written and made
+        durable with the next ticket someone waits for (`Flusher.sync`)."""
         if self.flusher is not None:
-            ticket = self.flusher.sync()
+            ticket = self.flusher.sync(durable)
             if not self.flusher.snapshot_pending and self.flusher.segment_bytes >= self._compact_at():
                 self.segment += 1  # the image is taken here, between mutations: one consistent state
                 self.flusher.rotate(self.segment, state_image(self.state, self.segment))

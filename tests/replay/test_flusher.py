@@ -101,6 +101,29 @@ def test_a_ticket_is_durable_only_after_its_fsync(tmp_path, monkeypatch):
     j.close()
 
 
+def test_records_nobody_waits_for_are_written_and_fsynced_with_the_next_ones_someone_does(tmp_path, monkeypatch):
+    """`sync(durable=False)`: written, no fsync of their own, not durable; the next durable sync, even with
+    nothing new to write, fsyncs them too. The fsyncs are counted."""
+    fsyncs: list[int] = []
+    original = replay_log.LogWriter.sync
+    monkeypatch.setattr(replay_log.LogWriter, "sync", lambda w: (fsyncs.append(1), original(w))[1])
+    path = tmp_path / "replay.log"
+    j = Journal.open(path, background=True)
+    frame, msg = arrive(R.SubmitPrompts(prompts=[prompt("a")]))
+    j.submit(frame, msg)
+    quiet = j.sync(durable=False)
+    time.sleep(0.2)  # the writer thread has taken it (into its file buffer)
+    assert fsyncs == [] and j.durable() < quiet  # nobody waits for it: not fsynced, not durable
+    ticket = j.sync()  # nothing new, but now someone waits: one fsync, for the earlier records
+    assert ticket > quiet
+    j.wait_durable()
+    assert j.durable() >= ticket and len(fsyncs) == 1 and len(list(iter_records(path))) == 1
+    assert j.sync() == ticket  # already durable: no job, no fsync
+    time.sleep(0.1)
+    assert len(fsyncs) == 1
+    j.close()
+
+
 def test_a_writer_error_reaches_the_loop(tmp_path, monkeypatch):
     j = Journal.open(tmp_path / "replay.log", background=True)
 
@@ -137,9 +160,10 @@ def test_the_hub_replies_only_once_the_log_is_synced(tmp_path, monkeypatch, star
 
 def test_a_lease_is_answered_before_its_grant_is_durable_but_a_peer_s_replies_stay_in_order(tmp_path, monkeypatch,
                                                                                             start_hub):
-    """`hub.UNHELD`: with the disk stalled, a lease still comes back (its grant is not yet durable); a submit's
-    Ack waits. Another peer's lease never waits behind this one's held reply, and a peer's own replies keep the
-    order of its requests."""
+    """`hub.UNHELD`: with the disk stalled, a lease still comes back (its grant is not yet durable, and nobody
+    waits for it: no fsync of its own); a submit's Ack waits for the fsync of its records and the grant's.
+    Another peer's lease never waits behind this one's held reply, and a peer's own replies keep the order of
+    its requests."""
     disk = BlockedSync(monkeypatch)
     h = start_hub(HubConfig(), run_dir=tmp_path)
     with HubPeer(h.endpoint, "c", timeout_s=20) as client, HubPeer(h.endpoint, "g0", timeout_s=20) as gen:
@@ -147,10 +171,11 @@ def test_a_lease_is_answered_before_its_grant_is_durable_but_a_peer_s_replies_st
         disk.block.set()
         lease = gen.request(R.LeaseRequest(generator="g0", max_prompts=1, wait_s=0.0))
         assert [p.prompt_id for p in lease.prompts] == ["a"]
-        assert disk.entered.wait(5)  # the grant is being synced, and the lease is already here
+        assert not disk.entered.wait(0.3)  # the grant is written, not fsynced on its own
         held: list[object] = []
         asking = threading.Thread(target=lambda: held.append(client.request(R.SubmitPrompts(prompts=[prompt("c")]))))
         asking.start()
+        assert disk.entered.wait(5)  # the submit's records, and the grant before them, are being synced
         time.sleep(0.3)
         assert not held  # an Ack of what is not durable yet: held
         assert gen.request(R.LeaseRequest(generator="g0", max_prompts=1, wait_s=0.0)).prompts[0].prompt_id == "b"
