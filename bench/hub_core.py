@@ -17,8 +17,8 @@ encoding and writes, no disk wait) or background (records handed to the journal'
 their work is not timed here, only the hand-over).
 
 Prints one JSON line per tree: us_per_sample (total) and by request kind, and the decode split of a
-SampleBatch of 16 x n samples (`wire.decode_packed` into its msgpack walk and its sample checks), each the
-median of `--repeat` runs.
+SampleBatch of 16 x n samples (`wire.decode_packed`, which takes msgspec's path where it can; its msgpack path,
+and that path's msgpack walk and sample checks), each the median of `--repeat` runs.
 `--baseline DIR` runs the same bench with `asyncrl` imported from the source tree DIR (e.g. `git worktree add
 /tmp/base HEAD`), interleaved with this tree's runs.
 """
@@ -109,15 +109,21 @@ def run_steps(d: Driver, args: argparse.Namespace) -> None:
 
 def decode_split(args: argparse.Namespace, repeat: int = 50) -> dict[str, float]:
     """Microseconds per sample of decoding one SampleBatch of 16 x n samples, and of its two parts."""
-    from asyncrl.wire.frames import unpack_with_spans
+    import inspect
+
+    from asyncrl.wire import decode as wire_decode
+    from asyncrl.wire.frames import unpack_with_spans as unpack
     from asyncrl.wire.sample import pack_samples
+
+    def unpack_with_spans(frame: memoryview):  # a --baseline tree's may still take the frame size limit
+        return unpack(frame) if len(inspect.signature(unpack).parameters) == 1 else unpack(frame, len(frame))
 
     t = template(args.tokens)
     lease = R.Lease(lease_id="L", prompts=[R.Prompt(prompt_id=f"p{k}", n=args.n, text="q") for k in range(16)],
                     policy_version=0, expires_in_s=60.0)
     frame = memoryview(wire.encode(R.SampleBatch(lease_id="L", samples=samples_for(lease, args.n, t))))
     count = 16 * args.n
-    top, view, spans = unpack_with_spans(frame, len(frame))
+    top, view, spans = unpack_with_spans(frame)
     values = top["b"]["samples"]
 
     def us(f) -> float:
@@ -127,8 +133,10 @@ def decode_split(args: argparse.Namespace, repeat: int = 50) -> dict[str, float]
             f()
         return round((time.perf_counter() - t0) / repeat / count * 1e6, 2)
 
+    msgpack_path = getattr(wire_decode, "msgpack_packed", None)  # absent from a --baseline tree before it
     return {"decode_packed": us(lambda: wire.decode_packed(frame)),
-            "msgpack_walk": us(lambda: unpack_with_spans(frame, len(frame))),
+            **({"msgpack_path": us(lambda: msgpack_path(frame))} if msgpack_path else {}),
+            "msgpack_walk": us(lambda: unpack_with_spans(frame)),
             "sample_checks": us(lambda: pack_samples(values, [view[a:b] for a, b in spans], ("SampleBatch", "samples")))}
 
 

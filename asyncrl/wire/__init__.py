@@ -9,7 +9,7 @@ records' annotations; anything wrong raises `WireError`, and nothing here ever u
     encode.py    records -> frames (splicing stored samples)  decode.py  frames -> records
     frames.py    bytes -> msgpack values, bounded              bounds.py  depth / value-count walk
     schema.py    record checks from annotations               sample.py  Sample's check, PackedSample
-    checks.py    WireError, where-paths, generic value checks
+    checks.py    WireError, where-paths, generic value checks  views.py   SampleBatch by msgspec (the hub's)
 """
 
 from __future__ import annotations

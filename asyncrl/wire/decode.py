@@ -2,7 +2,8 @@
 
 `decode` builds full records. `decode_packed` is what the hub uses: the same validation, but the
 samples of a SampleBatch stay `PackedSample`s whose `raw` are views into the frame, so the arrays the
-hub never reads are never built. Anything wrong raises `WireError`; nothing here ever unpickles.
+hub never reads are never built; a SampleBatch of single-turn samples is decoded by msgspec
+(`asyncrl.wire.views`), any other frame, or one that path does not accept, by msgpack here. Anything wrong raises `WireError`; nothing here ever unpickles.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from asyncrl.wire.envelope import open_envelope
 from asyncrl.wire.frames import DEFAULT_MAX_FRAME_BYTES, check_size, unpack_with_spans, unpackb
 from asyncrl.wire.sample import pack_samples
 from asyncrl.wire.schema import record_check
+from asyncrl.wire.views import sample_batch
 
 _SAMPLE_BATCH_FIELDS = frozenset({"lease_id", "samples"})
 
@@ -28,7 +30,15 @@ def decode(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_FRAME_B
 def decode_packed(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Any:
     """Like `decode` (same validation), but a SampleBatch's samples come back as `PackedSample`s whose
     `raw` are views into `frame` (keep `frame` immutable while they live). Other messages as `decode`."""
-    top, view, spans = unpack_with_spans(frame, max_frame_bytes)
+    check_size(frame, max_frame_bytes)
+    fast = sample_batch(frame)  # msgspec's decoder where it can decide (nearly every SampleBatch)
+    return fast if fast is not None else msgpack_packed(frame)
+
+
+def msgpack_packed(frame: bytes | memoryview) -> Any:
+    """`decode_packed` of a sized frame by msgpack alone: every frame `asyncrl.wire.views` leaves, and the
+    reference that path is tested against."""
+    top, view, spans = unpack_with_spans(frame)
     if open_envelope(top) is not R.SampleBatch:
         return _validate(top)
     body = top["b"]

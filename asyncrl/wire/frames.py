@@ -33,9 +33,9 @@ def check_size(frame: bytes | memoryview, max_frame_bytes: int) -> None:
     bound(frame)
 
 
-def unpack_with_spans(frame: bytes | memoryview, max_frame_bytes: int) -> tuple[Any, memoryview, Spans]:
-    """Unpack a frame, noting the byte span of each element of the body's (last) "samples" list."""
-    check_size(frame, max_frame_bytes)
+def unpack_with_spans(frame: bytes | memoryview) -> tuple[Any, memoryview, Spans]:
+    """Unpack a frame (sized and bounded by the caller: `check_size`), noting the byte span of each element of
+    the body's (last) "samples" list."""
     spans: Spans = []
     try:
         u = msgpack.Unpacker(ext_hook=slice, raw=False, strict_map_key=True, max_buffer_size=len(frame) + 1)
