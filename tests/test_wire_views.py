@@ -41,7 +41,7 @@ def test_every_single_turn_batch_is_decoded_here_as_by_msgpack(ss, lease_id, bro
     if broken_logprob and ss and len(ss[0].logprobs):
         ss[0].logprobs[0] = np.nan  # a datum the hub fails (finite=False), not a frame it refuses
     frame = wire.encode(R.SampleBatch(lease_id=lease_id, samples=ss))
-    fast = views.sample_batch(frame)
+    fast = views.packed(frame)
     assert fast is not None  # every sample our encoder writes for a single-turn Sample takes this path
     assert (fast.lease_id, fields(fast)) == (lease_id, fields(msgpack_packed(frame)))
 
@@ -102,7 +102,7 @@ def test_a_sample_the_fast_path_cannot_vouch_for_gets_the_msgpack_path_s_answer(
     assert taken == reference
     if change not in ("plain versions", "int timing", "multi-turn"):
         assert taken[0] == "error", taken
-    assert views.sample_batch(frame) is None or change in ("plain versions", "int timing")
+    assert views.packed(frame) is None or change in ("plain versions", "int timing")
 
 
 @pytest.mark.parametrize("frame", [
@@ -123,5 +123,58 @@ def test_frames_around_the_samples_are_judged_as_msgpack_judges_them(frame):
 def test_without_msgspec_the_msgpack_path_does_everything(monkeypatch):
     frame = frame_of([base_map()])
     monkeypatch.setattr(views, "HAVE_MSGSPEC", False)
-    assert views.sample_batch(frame) is None
+    assert views.packed(frame) is None
     assert fields(wire.decode_packed(frame)) == fields(msgpack_packed(frame))
+
+
+def said_scores(frame: bytes) -> tuple:
+    def said(f) -> tuple:
+        try:
+            msg = f(frame)
+        except wire.WireError as e:
+            return ("error", str(e))
+        return ("ok", type(msg).__name__, [(r.prompt_id, r.sample_index, r.reward, r.components, r.status, r.reason)
+                                           for r in msg.scores])
+    return said(wire.decode_packed), said(msgpack_packed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.builds(R.ScoreResult, prompt_id=st.text(max_size=8), sample_index=st.integers(-3, 2**40),
+                          reward=st.floats(), components=st.dictionaries(st.text(max_size=4), st.floats(), max_size=3),
+                          status=st.sampled_from(list(R.ScoreStatus)), reason=st.text(max_size=8)), max_size=6))
+def test_scored_ids_are_decoded_here_as_by_msgpack(results):
+    frame = wire.encode(R.ScoredIds(scores=results))
+    assert views.packed(frame) is not None
+    taken, reference = said_scores(frame)
+    assert taken[:2] == reference[:2] and len(taken[2]) == len(reference[2])
+    for a, b in zip(taken[2], reference[2]):  # NaN rewards: compared as bytes of the same float
+        assert [repr(x) for x in a] == [repr(x) for x in b]
+
+
+def score_frame(result: dict, **body) -> bytes:
+    return msgpack.packb({"v": R.SCHEMA_VERSION, "t": "ScoredIds", "b": {"scores": [result], **body}},
+                         use_bin_type=True)
+
+
+GOOD = {"prompt_id": "p", "sample_index": 0, "reward": 1.0}
+
+
+@pytest.mark.parametrize("frame", [
+    score_frame({**GOOD, "reward": 1}),  # an int reward: a float (both paths convert it)
+    score_frame({**GOOD, "reward": True}),
+    score_frame({**GOOD, "reward": "1.0"}),
+    score_frame({**GOOD, "sample_index": 1.0}),
+    score_frame({**GOOD, "sample_index": False}),
+    score_frame({**GOOD, "status": "meh"}),
+    score_frame({**GOOD, "components": {"a": "x"}}),
+    score_frame({**GOOD, "components": {"a": 2}}),
+    score_frame({**GOOD, "components": {1: 2.0}}),
+    score_frame({**GOOD, "extra": 1}),
+    score_frame({"prompt_id": "p", "sample_index": 0}),
+    score_frame({**GOOD, "reason": None}),
+    score_frame(GOOD, more=1),
+    msgpack.packb({"v": R.SCHEMA_VERSION, "t": "ScoredIds", "b": {"scores": {"a": 1}}}),
+])
+def test_broken_scores_get_the_msgpack_path_s_answer(frame):
+    taken, reference = said_scores(frame)
+    assert taken == reference

@@ -16,7 +16,7 @@ from asyncrl.wire.envelope import open_envelope
 from asyncrl.wire.frames import DEFAULT_MAX_FRAME_BYTES, check_size, unpack_with_spans, unpackb
 from asyncrl.wire.sample import pack_samples
 from asyncrl.wire.schema import record_check
-from asyncrl.wire.views import sample_batch
+from asyncrl.wire.views import packed
 
 _SAMPLE_BATCH_FIELDS = frozenset({"lease_id", "samples"})
 
@@ -31,7 +31,7 @@ def decode_packed(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_
     """Like `decode` (same validation), but a SampleBatch's samples come back as `PackedSample`s whose
     `raw` are views into `frame` (keep `frame` immutable while they live). Other messages as `decode`."""
     check_size(frame, max_frame_bytes)
-    fast = sample_batch(frame)  # msgspec's decoder where it can decide (nearly every SampleBatch)
+    fast = packed(frame)  # msgspec's decoder where it can decide (nearly every SampleBatch and ScoredIds)
     return fast if fast is not None else msgpack_packed(frame)
 
 

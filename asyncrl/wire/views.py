@@ -1,6 +1,6 @@
 """A SampleBatch frame decoded by msgspec: the hub's fast path for the message that carries the volume.
 
-`sample_batch(frame)` decodes a SampleBatch whose samples are all single-turn with msgspec's C decoder,
+`packed(frame)` decodes a SampleBatch whose samples are all single-turn with msgspec's C decoder,
 against typed views built from `records.Sample`'s base fields (arrays as `msgspec.msgpack.Ext`: type code and
 payload), checks every array's type and vector header here, and returns what `decode_packed`'s msgpack path
 returns: the `PackedSample`s, each `raw` a view of its bytes in the frame (`msgspec.Raw`), and their
@@ -12,7 +12,10 @@ the two to each other on valid and on broken frames).
 Why: msgpack builds every sample's map in Python objects before the checks read it; msgspec checks the
 types in C. The hub's loop spends ~2.4 us a sample less (`bench.replay`, docs/benchmarks.md).
 
-msgspec is optional: without it (`HAVE_MSGSPEC` false) `sample_batch` always answers None.
+A ScoredIds (one result per scored sample) takes the same path: a view with `records.ScoreResult`'s fields,
+then the records.
+
+msgspec is optional: without it (`HAVE_MSGSPEC` false) `packed` always answers None.
 """
 
 from __future__ import annotations
@@ -39,46 +42,65 @@ _HEADS: dict[int, tuple[bytes, bytes]] = {}  # response length -> its vector hea
 _MAX_HEADS = 65536
 
 
-def _views() -> tuple[Any, Any, Any]:
-    """(envelope, SampleBatch body, Sample) decoders. The Sample view has `records.Sample`'s base fields with
-    their types and defaults (arrays as Ext), and refuses any other key, so a multi-turn sample is not its."""
-    hints = typing.get_type_hints(R.Sample, vars(R))
+def _view(cls: type, name: str, overrides: dict[str, Any] | None = None, skip: Any = ()) -> Any:
+    """A msgspec struct with the fields of record class `cls` (their types, or `overrides`, and defaults), minus
+    `skip`, that refuses any other key (so a map the record check would refuse is refused here too)."""
+    hints = typing.get_type_hints(cls, vars(R))
     fields: list[tuple] = []
-    for f in dataclasses.fields(R.Sample):
-        if f.name in EPISODE_FIELDS:
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
             continue
-        tp = msgspec.msgpack.Ext if f.name in _ARRAYS else hints[f.name]
+        tp = (overrides or {}).get(f.name, hints[f.name])
         if f.default_factory is not dataclasses.MISSING:
             fields.append((f.name, tp, msgspec.field(default_factory=f.default_factory)))
         elif f.default is not dataclasses.MISSING:
             fields.append((f.name, tp, f.default))
         else:
             fields.append((f.name, tp))
-    sample = msgspec.defstruct("SampleView", fields, forbid_unknown_fields=True)
+    return msgspec.defstruct(name, fields, forbid_unknown_fields=True)
+
+
+def _decoders() -> tuple[Any, Any, Any, Any]:
+    """(envelope, SampleBatch body, Sample, ScoredIds body) decoders. The Sample view has `records.Sample`'s base
+    fields (arrays as Ext; a multi-turn sample is not its), the ScoredIds view `records.ScoreResult`'s."""
+    sample = _view(R.Sample, "SampleView", {name: msgspec.msgpack.Ext for name in _ARRAYS}, EPISODE_FIELDS)
     envelope = msgspec.defstruct("EnvelopeView", [("v", Any), ("t", Any), ("b", msgspec.Raw)])
     body = msgspec.defstruct("SampleBatchView", [("lease_id", str), ("samples", list[msgspec.Raw])],
                              forbid_unknown_fields=True)
-    return tuple(msgspec.msgpack.Decoder(t) for t in (envelope, body, sample))  # type: ignore[return-value]
+    scores = msgspec.defstruct("ScoredIdsView", [("scores", list[_view(R.ScoreResult, "ScoreResultView")])],
+                               forbid_unknown_fields=True)
+    return tuple(msgspec.msgpack.Decoder(t) for t in (envelope, body, sample, scores))  # type: ignore[return-value]
 
 
 if HAVE_MSGSPEC:
-    _ENVELOPE, _BODY, _SAMPLE = _views()
+    _ENVELOPE, _BODY, _SAMPLE, _SCORES = _decoders()
     _DECODE_ERRORS = (msgspec.DecodeError, RecursionError)
 
 
-def sample_batch(frame: bytes | memoryview) -> R.SampleBatch | None:
-    """The SampleBatch in `frame` (sized and bounded by the caller) with its samples as `PackedSample`s, or
-    None where this path does not decide (module doc)."""
+def packed(frame: bytes | memoryview) -> Any | None:
+    """`decode_packed`'s answer for a SampleBatch of single-turn samples or a ScoredIds in `frame` (sized and
+    bounded by the caller); None where this path does not decide (module doc)."""
     if not HAVE_MSGSPEC:
         return None
     try:
         env = _ENVELOPE.decode(frame)
-        if env.t != "SampleBatch" or env.v != R.SCHEMA_VERSION or type(env.v) is not int:
+        if type(env.v) is not int or env.v != R.SCHEMA_VERSION:
             return None
-        body = _BODY.decode(env.b)
-        views = [_SAMPLE.decode(raw) for raw in body.samples]
+        if env.t == "SampleBatch":
+            return _sample_batch(frame, _BODY.decode(env.b))
+        if env.t == "ScoredIds":
+            return R.ScoredIds(scores=[R.ScoreResult(prompt_id=v.prompt_id, sample_index=v.sample_index, reward=v.reward,
+                                                     components=v.components, status=v.status, reason=v.reason)
+                                       for v in _SCORES.decode(env.b).scores])
     except _DECODE_ERRORS:  # msgspec's ValidationError is a DecodeError
         return None
+    return None
+
+
+def _sample_batch(frame: bytes | memoryview, body: Any) -> R.SampleBatch | None:
+    """The SampleBatch of a decoded body view, its samples as `PackedSample`s; None if a sample is not this
+    path's (msgspec's errors are the caller's to catch)."""
+    views = [_SAMPLE.decode(raw) for raw in body.samples]
     checked = [_arrays(v) for v in views]
     if None in checked:
         return None
