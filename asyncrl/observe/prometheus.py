@@ -2,7 +2,7 @@
 
     owner loop ──publish(samples)──▶ snapshot (one reference, replaced whole) ◀──collect── HTTP thread ◀── scraper
 
-The owner (the learner's rank 0 after each step, the hub's event loop about once a second) publishes a
+The owner (the learner's rank 0 after each step, the hub's loop about once a second) publishes a
 complete list of `Sample`s; the server thread only reads the last published list, so a scrape never
 touches the owner's live state and never blocks it. Values are as old as the last publish.
 The registry is this object's own (no process-wide default registry), so two exporters in one process

@@ -1,5 +1,5 @@
 """`Flusher`: the hub journal's writer thread. Appends, fsyncs and compaction's file work run here, so the
-event loop never waits on the disk.
+hub's loop never waits on the disk.
 
     hub loop (Journal, between mutations)            writer thread                    snapshot thread
     append(parts) ... one turn's records
