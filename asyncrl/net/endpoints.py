@@ -28,19 +28,19 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 def unix_endpoint(run_dir: str | Path, name: str) -> str | None:
     """ipc://RUN_DIR/NAME.sock (an absolute path, so every process resolves it alike), or None where a Unix socket
     cannot live there: a path too long for one, or a file system that refuses them (some network file systems);
-    the caller then stays on TCP. Tried by binding a socket there once (and removing it)."""
+    the caller then stays on TCP. Tried by binding a socket of another name in that directory once (a hub that
+    is still serving on NAME.sock is never touched)."""
     path = os.path.abspath(os.path.join(run_dir, f"{name}.sock"))
     if len(path.encode()) > UNIX_PATH_MAX:
         return None
+    probe_path = os.path.join(os.path.dirname(path), f".{os.getpid()}")  # no longer than NAME.sock
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        if os.path.exists(path):
-            os.unlink(path)  # left by a killed run: ZeroMQ would replace it too
-        probe.bind(path)
+        probe.bind(probe_path)
     except OSError:
         return None
     finally:
         probe.close()
-        if os.path.exists(path):
-            os.unlink(path)
+        if os.path.exists(probe_path):
+            os.unlink(probe_path)
     return f"ipc://{path}"

@@ -74,4 +74,20 @@ def test_a_run_directory_where_no_unix_socket_can_live_uses_tcp(tmp_path):
     assert sup.endpoints["replay"].startswith("tcp://127.0.0.1:")
     assert unix_endpoint(deep, "replay") is None and unix_endpoint(tmp_path, "replay") == f"ipc://{tmp_path}/replay.sock"
     assert unix_endpoint(tmp_path / "missing", "replay") is None  # no socket can be bound there: TCP
-    assert not (tmp_path / "replay.sock").exists()  # the probe leaves nothing behind
+    assert [f.name for f in tmp_path.iterdir()] == [deep.parent.name]  # the probes leave nothing behind
+
+
+def test_the_probe_leaves_a_live_hub_s_socket_alone(tmp_path):
+    """A launcher started on a run directory whose hub still serves must not unlink that hub's socket."""
+    import socket
+
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(tmp_path / "replay.sock"))
+    live.listen()
+    try:
+        assert unix_endpoint(tmp_path, "replay") == f"ipc://{tmp_path}/replay.sock"
+        peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        peer.connect(str(tmp_path / "replay.sock"))  # still reachable
+        peer.close()
+    finally:
+        live.close()
