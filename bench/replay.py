@@ -51,6 +51,7 @@ from asyncrl.net.peer import HubPeer
 from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.replay.segments import Segments
 from asyncrl.run.rundir import write_run_json
+from bench.process_cpu import cpu_seconds, sum_threads
 
 
 def pin(cores: list[int]) -> None:
@@ -250,16 +251,16 @@ def run(args: argparse.Namespace, src: str) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         hubs = start_hubs(run_dir, args, src)
         try:
-            cpu_at_start = sum(_cpu_seconds(h.pid) for h, _ in hubs)  # imports and binding are not per-sample cost
-            threads_at_start = _sum_threads(hubs)
+            cpu_at_start = sum(cpu_seconds(h.pid) for h, _ in hubs)  # imports and binding are not per-sample cost
+            threads_at_start = sum_threads(hubs)
             endpoint = ",".join(e for _, e in hubs)
             peers = {f"producer-{i}": start_peer("producer", endpoint, run_dir, args, src, i)
                      for i in range(args.producers)}
             peers.update({role: start_peer(role, endpoint, run_dir, args, src) for role in ("scorer", "learner")})
             results = {role: json.loads(p.communicate(timeout=600)[0]) for role, p in peers.items()}
             log_bytes = journal_bytes(run_dir, args.shards) if args.log else 0  # + snapshots
-            hub_cpu_s = sum(_cpu_seconds(h.pid) for h, _ in hubs) - cpu_at_start
-            threads = _sum_threads(hubs, minus=threads_at_start)
+            hub_cpu_s = sum(cpu_seconds(h.pid) for h, _ in hubs) - cpu_at_start
+            threads = sum_threads(hubs, minus=threads_at_start)
             threads["exited"] = round(max(0.0, hub_cpu_s - sum(threads.values())), 3)
         finally:
             for hub, _ in hubs:
@@ -312,43 +313,6 @@ def compare(args: argparse.Namespace) -> list[dict]:
 
 def _ms(xs: list[float], q: int) -> float:
     return round(float(np.percentile(xs, q)) * 1000, 3) if xs else 0.0
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a live process has used (Linux), 0.0 where unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _thread_cpu_seconds(pid: int) -> dict[str, float]:
-    """CPU seconds of a live process's threads by kind (Linux): `loop` (the main thread, the hub's event loop),
-    `zmq` (libzmq's I/O threads, named ZMQbg/...), `journal` (the other live threads: the journal's writer);
-    threads that already exited (snapshot writers) are not listed."""
-    out = {"loop": 0.0, "zmq": 0.0, "journal": 0.0}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        kind = "loop" if int(tid) == pid else "zmq" if comm.startswith("ZMQ") else "journal"
-        out[kind] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return out
-
-
-def _sum_threads(hubs: list, minus: dict[str, float] | None = None) -> dict[str, float]:
-    total = {"loop": 0.0, "zmq": 0.0, "journal": 0.0}
-    for h, _ in hubs:
-        for k, v in _thread_cpu_seconds(h.pid).items():
-            total[k] += v
-    return {k: round(v - (minus or {}).get(k, 0.0), 3) for k, v in total.items()}
 
 
 def _cpu() -> str:
