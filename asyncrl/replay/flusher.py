@@ -21,7 +21,9 @@ and fsynced (per the fsync mode). The hub holds each reply until the ticket of i
 reply never acknowledges (or reveals state built on) a record that could be lost. A turn whose replies all
 go out at once (leases, work to score: the hub's `UNHELD`) hands its records over with `sync(durable=False)`:
 they are written, and fsynced with the next records someone waits for, not on their own (an fsync costs
-~0.1 ms of CPU; a lease's own would be a fifth of the hub's fsyncs in `bench.replay`). What a crash may lose:
+~0.1 ms of CPU; leases' own were a sixth of the hub's fsyncs in `bench.replay`). Records no reply reports
+(a lease's expiry on a tick) wait for the next such fsync too: a crash before it re-derives them from what is
+durable (a lease's deadline is in its grant). What a crash may lose:
 records whose tickets were not yet durable, i.e. mutations no reply has reported; the peers that sent them
 time out and retry against the restarted hub (as before, when a crash hit between the log write and the
 replies). The file operations are those of the synchronous journal in the same order (segment k is closed
