@@ -44,3 +44,12 @@ def unix_endpoint(run_dir: str | Path, name: str) -> str | None:
         if os.path.exists(probe_path):
             os.unlink(probe_path)
     return f"ipc://{path}"
+
+
+def remove_unix_socket(endpoint: str) -> None:
+    """Remove the socket file of an ipc:// endpoint this process bound and has closed (nothing for other kinds)."""
+    if endpoint.startswith("ipc://"):
+        try:
+            os.unlink(endpoint[len("ipc://"):])
+        except FileNotFoundError:
+            pass

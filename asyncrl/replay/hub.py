@@ -172,6 +172,7 @@ class Hub:
         if self.zap is not None:
             self.zap.close()
         self.ctx.term()
+        endpoints.remove_unix_socket(self.endpoint)  # ZeroMQ leaves the file of an ipc:// endpoint behind
 
     def _drain(self, now: float) -> None:
         for _ in range(BURST):

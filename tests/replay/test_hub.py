@@ -47,6 +47,22 @@ def test_contract_end_to_end_and_accounting(start_hub):
     assert stats["transitions"]["delivered->trained"] == 4
 
 
+def test_a_hub_on_a_unix_socket_serves_and_removes_its_file_when_it_stops(tmp_path):
+    """A local run's hub listens on ipc://RUN_DIR/replay.sock (launch.unix_sockets): the same contract, and
+    no socket file left once it stopped (ZeroMQ leaves it)."""
+    from asyncrl.replay.background import BackgroundHub
+
+    path = tmp_path / "replay.sock"
+    h = BackgroundHub(HubConfig(), BatchConfig(prompts_per_step=2, samples_per_prompt=2), endpoint=f"ipc://{path}")
+    try:
+        with HubPeer(h.endpoint, "t") as peer:
+            assert isinstance(run_one_step(peer), R.Batch)
+        assert path.exists()
+    finally:
+        h.stop()
+    assert not path.exists()
+
+
 def test_long_poll_lease_wakes_when_prompts_arrive(start_hub):
     h = start_hub()
     got: list[R.Lease] = []
