@@ -122,19 +122,18 @@ def _compose_sample(s: R.Sample, out: list[Any]) -> None:
         if code is None:  # any other array: correct, not fast
             out.extend(array_pieces(value, _ext_header))
             continue
-        out.append(vector_head(code, len(value)))
+        head = _VECTOR_HEADS.get((code, len(value)))
+        if head is None:
+            head = _vector_head(code, len(value))
+            if len(_VECTOR_HEADS) < _MAX_VECTOR_HEADS:
+                _VECTOR_HEADS[(code, len(value))] = head
+        out.append(head)
         out.append(value)
 
 
-def vector_head(code: int, n: int) -> bytes:
-    """ext header + array header of a 1-d array of dtype `code` and length n, as msgpack writes them (the
-    smallest ext form); cached, as response lengths repeat. `asyncrl.wire.views` compares received ones to it."""
-    head = _VECTOR_HEADS.get((code, n))
-    if head is None:
-        head = _ext_header(VECTOR_HEADER + n * DTYPES[code].itemsize) + bytes((code, 1)) + n.to_bytes(4, "little")
-        if len(_VECTOR_HEADS) < _MAX_VECTOR_HEADS:
-            _VECTOR_HEADS[(code, n)] = head
-    return head
+def _vector_head(code: int, n: int) -> bytes:
+    """ext header + array header of a 1-d array of dtype `code` and length n."""
+    return _ext_header(VECTOR_HEADER + n * DTYPES[code].itemsize) + bytes((code, 1)) + n.to_bytes(4, "little")
 
 
 def _ext_header(length: int) -> bytes:
