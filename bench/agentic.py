@@ -2,11 +2,15 @@
 
 The generator worker drives the torch engine with the MultiTurn rollout over a simulated tool: every model turn
 (fixed length, EOS ignored) is answered after `tool_ms` by `--obs-tokens` random tokens, for `--turns` turns.
-All `--episodes` are in flight at once (generator.rollout.max_episodes) over `--episodes / --oversubscribe` engine
-rows (max_running): while some wait on their tool, the others fill the rows. Each tool latency runs with the
-engine's prefix cache off and on (`--prefix-cache`), one JSON line each:
+`--episodes` are in flight at once (generator.rollout.max_episodes) over `--episodes / --oversubscribe` engine
+rows (max_running): while some wait on their tool, the others fill the rows. `--waves W` runs W x `--episodes`
+episodes through those slots, a new one leased as one ends, as a training run's generator does: with one wave
+every episode starts together and the run ends on a tail of last turns (few live episodes, each waiting on its
+tool), which weighs less the more waves run. Each tool latency runs with the engine's prefix cache off and on
+(`--prefix-cache`), one JSON line each:
 
     python -m bench.agentic                                     # 0.5B shape, 256 episodes on 128 rows, 4 turns, 0/50/200 ms
+    python -m bench.agentic --waves 4 --prefix-cache 1          # 1,024 episodes through the same 256 slots
     python -m bench.agentic --shape tiny --device cpu --episodes 16 --turns 2 --turn-tokens 8 --tool-ms 0,20
 
     tokens_per_s             model tokens over the run's wall time (the engine's output rate)
@@ -112,7 +116,7 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int,
     engine = Metered(make_engine(hf, rows, max_len, kv_sequences=kv_sequences, prefix_cache=prefix_cache))
     rng = np.random.default_rng(0)
     sampling = R.SamplingParams(max_new_tokens=args.turn_tokens, ignore_eos=True, temperature=1.0)
-    groups = args.episodes // args.group
+    groups = args.episodes * args.waves // args.group
     prompts = [R.Prompt(prompt_id=f"p{i}", n=args.group, token_ids=rng.integers(0, VOCAB, prompt_len).astype(np.int32),
                         sampling=sampling) for i in range(groups)]
     hub = LocalHub(prompts)
@@ -126,7 +130,8 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int,
         worker.run_once()
     wall = time.perf_counter() - start
     rollout.close()
-    return {"tool_ms": tool_ms, "prefix_cache": prefix_cache, "episodes": len(hub.samples), "engine_rows": rows,
+    return {"tool_ms": tool_ms, "prefix_cache": prefix_cache, "episodes": len(hub.samples), "waves": args.waves,
+            "engine_rows": rows,
             "kv_tokens": kv_sequences * max_len,
             "turns": float(np.mean([s.rollout["turns"] for s in hub.samples])), "wall_s": round(wall, 3),
             "tokens_per_s": round(engine.tokens / wall, 1), "engine_idle_frac": round(1 - engine.busy_s / wall, 3),
@@ -153,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--episodes", type=int, default=256)
     p.add_argument("--group", type=int, default=8)
+    p.add_argument("--waves", type=int, default=1,
+                   help="episodes through the run, in multiples of --episodes (kept in flight, refilled as they end)")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--turn-tokens", type=int, default=128)
@@ -167,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.episodes % args.group:
         p.error(f"--episodes {args.episodes} must be a multiple of --group {args.group}")
+    if args.waves < 1:
+        p.error(f"--waves {args.waves}: must be >= 1")
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     max_len = args.prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
     hf = build_hf(args.shape, max_len, dtype=dtype, device=args.device)
