@@ -45,12 +45,10 @@ def dist_info(device: str | torch.device | None = None) -> DistInfo:
 
 
 def init_single_rank(device: torch.device) -> None:
-    """A one-rank process group over a file store in a fresh temporary folder (no port, nothing to
-    collide with), for a Trainer used outside the launcher."""
-    import tempfile
-
-    store = dist.FileStore(str(Path(tempfile.mkdtemp(prefix="asyncrl-pg-")) / "store"), 1)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
+    """A one-rank process group over an in-process store (no port, no file, nothing to collide with or
+    leave behind), for a Trainer used outside the launcher."""
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                            world_size=1)
 
 
 def decoder_layers(hf: nn.Module) -> list[nn.Module]:
