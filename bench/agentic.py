@@ -109,11 +109,13 @@ class IdTokenizer:
         return ""
 
 
-def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int, prefix_cache: bool) -> dict[str, Any]:
+def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int, prefix_cache: bool,
+             prefill_overlap: bool = True) -> dict[str, Any]:
     max_len = prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
     rows = max(1, int(args.episodes / args.oversubscribe))  # the engine's max_running; the rest wait their turn
     kv_sequences = args.kv_episodes or args.episodes  # room for every episode's KV while it waits on its tool
     engine = Metered(make_engine(hf, rows, max_len, kv_sequences=kv_sequences, prefix_cache=prefix_cache))
+    engine.engine.overlap_prefill = engine.engine.overlap and prefill_overlap
     rng = np.random.default_rng(0)
     sampling = R.SamplingParams(max_new_tokens=args.turn_tokens, ignore_eos=True, temperature=1.0)
     groups = args.episodes * args.waves // args.group
@@ -130,7 +132,9 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int,
         worker.run_once()
     wall = time.perf_counter() - start
     rollout.close()
-    return {"tool_ms": tool_ms, "prefix_cache": prefix_cache, "episodes": len(hub.samples), "waves": args.waves,
+    return {"tool_ms": tool_ms, "prefix_cache": prefix_cache, "prefill_overlap": engine.engine.overlap_prefill,
+            "prefills_overlapped": engine.engine.counters["prefills_overlapped"],
+            "episodes": len(hub.samples), "waves": args.waves,
             "engine_rows": rows,
             "kv_tokens": kv_sequences * max_len,
             "turns": float(np.mean([s.rollout["turns"] for s in hub.samples])), "wall_s": round(wall, 3),
@@ -171,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="KV room in episodes of the longest length (0: every episode); fewer makes the cache evict "
                         "the KV of episodes waiting on their tool")
     p.add_argument("--prefix-cache", default="0,1", help="engine prefix cache settings to run, in turn (0 off, 1 on)")
+    p.add_argument("--prefill-overlap", default="1",
+                   help="comma list of 0/1: the engine's overlapped prefill (TorchEngine.overlap_prefill) off / on, "
+                        "run in turn inside each prefix-cache setting (vs_no_overlap: on against off)")
     args = p.parse_args(argv)
     if args.episodes % args.group:
         p.error(f"--episodes {args.episodes} must be a multiple of --group {args.group}")
@@ -182,21 +189,28 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     latencies = [float(x) for x in args.tool_ms.split(",")]
     caches = [bool(int(x)) for x in args.prefix_cache.split(",")]
+    overlaps = [bool(int(x)) for x in args.prefill_overlap.split(",")]
     for cache in caches:  # warm-up of each engine path (kernels, autotuning, allocator), not reported: the cached
         run_case(args, hf, latencies[0], args.prompt_len, cache)  # one's masked prefill is not the uncached one's
-    base: dict[bool, float] = {}
+    base: dict[tuple[bool, bool], float] = {}
     for ms in latencies:
-        off = None
+        off: dict[bool, dict] = {}  # the cache-off row of each overlap setting
         for cache in caches:
-            row = run_case(args, hf, ms, args.prompt_len, cache)
-            base.setdefault(cache, row["tokens_per_s"])
-            row.update(vs_no_tool=round(row["tokens_per_s"] / base[cache], 3), shape=args.shape, device=args.device,
-                       prompt_len=args.prompt_len, turn_tokens=args.turn_tokens, obs_tokens=args.obs_tokens,
-                       commit=commit)
-            if cache and off is not None:
-                row["vs_no_cache"] = {k: round(row[k] / off[k], 3) for k in ("prefill_tokens", "tokens_per_s")}
-            off = row if not cache else off
-            print(json.dumps(row), flush=True)
+            plain = None
+            for overlap in overlaps:
+                row = run_case(args, hf, ms, args.prompt_len, cache, overlap)
+                base.setdefault((cache, overlap), row["tokens_per_s"])
+                row.update(vs_no_tool=round(row["tokens_per_s"] / base[cache, overlap], 3), shape=args.shape,
+                           device=args.device, prompt_len=args.prompt_len, turn_tokens=args.turn_tokens,
+                           obs_tokens=args.obs_tokens, commit=commit)
+                if cache and overlap in off:
+                    row["vs_no_cache"] = {k: round(row[k] / off[overlap][k], 3) for k in ("prefill_tokens", "tokens_per_s")}
+                if overlap and plain is not None:
+                    row["vs_no_overlap"] = round(row["tokens_per_s"] / plain["tokens_per_s"], 3)
+                if not cache:
+                    off[overlap] = row
+                plain = row if not overlap else plain
+                print(json.dumps(row), flush=True)
     return 0
 
 

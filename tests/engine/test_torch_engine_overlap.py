@@ -147,7 +147,39 @@ def test_arrivals_mid_decode(qwen2_path):
         return {0: [stopping("a", 1, n=2)], 3: [stopping("b", 2), stopping("c", 3, n=3)],
                 4: [stopping("d", 4)], 11: [stopping("e", 5, n=2, max_new_tokens=12)], 30: [stopping("f", 6)]}
 
-    compare(qwen2_path, arrivals)
+    _, eng = compare(qwen2_path, arrivals)
+    assert eng.counters["prefills_overlapped"] >= 4  # every arrival after the first: prefill, then decode launched
+
+
+def test_prefill_overlapped_with_first_token_endings(qwen2_path):
+    """New rows whose first token ends them: by length (max_new_tokens = 1: no row in the next step) and by a stop
+    token (a row computed and discarded), beside sequences already decoding and top-k-free arrivals."""
+    def arrivals():
+        first_stop = [request(f"stop{i}", [5, 6, 7][: 1 + i % 3], n=3, temperature=2.0, seed=40 + i,
+                              max_new_tokens=20, stop_token_ids=list(range(0, 200, 2))) for i in range(3)]
+        return {0: [stopping("a", 1, n=2, max_new_tokens=30)],
+                2: [request("one", [9, 8], n=2, temperature=1.0, seed=3, max_new_tokens=1)] + first_stop,
+                5: [stopping("b", 2, n=2), request("one2", [4], temperature=1.0, seed=4, max_new_tokens=1)]}
+
+    outs, eng = compare(qwen2_path, arrivals)
+    lengths = {(o.request_id, o.sample_index): len(o.token_ids) for o in outs}
+    assert lengths[("one", 0)] == lengths[("one", 1)] == lengths[("one2", 0)] == 1
+    assert sum(lengths[(f"stop{i}", j)] == 1 for i in range(3) for j in range(3)) >= 2  # stopped at token one
+    assert eng.counters["prefills_overlapped"] >= 2 and eng.counters["discarded_rows"] > 0
+
+
+def test_prefill_not_overlapped_beside_top_k_rows_or_without_overlap(qwen2_path):
+    eng = one_shape(engine(qwen2_path, overlap=True))
+    eng.add(request("k", [5, 6], temperature=1.0, top_k=10, seed=1, max_new_tokens=8))
+    for _ in range(3):
+        eng.step()
+    eng.add(stopping("late", 2))  # a top-k row is running: the prefill's samples are read first
+    while eng.has_work():
+        eng.step()
+    assert eng.counters["prefills_overlapped"] == 0
+    sync = one_shape(engine(qwen2_path, overlap=False))
+    run(sync, {0: [stopping("a", 1)], 3: [stopping("b", 2)]})
+    assert sync.counters["prefills_overlapped"] == 0
 
 
 def test_preemption_with_a_tiny_kv_cache(qwen2_path):
@@ -300,4 +332,5 @@ def test_cuda_graphs_overlap_matches_synchronous(tiny_models, dtype):
     outs, eng = compare(path, mixed_arrivals, mixed_actions, ordered=False, device="cuda", dtype=dtype,
                         num_kv_blocks=40)
     assert eng.runner.graphs is not None and eng.runner.fused_sampling
+    assert eng.counters["prefills_overlapped"] > 0  # the fused sampler's prefill samples read by a graph's unpack
     assert all(np.isfinite(o.logprobs).all() for o in outs)

@@ -93,12 +93,14 @@ class DecodeBuffers:
         is on the decode step's critical path (the GPU waits for it), so the per-row values are read in one
         pass and written as arrays, and a row's block table is rewritten only where it changed.
 
-        src: the step runs one token ahead: each sequence has a token in flight (sampled by the previous step,
-        not yet appended), in row src[i] of that step's samples. Its position and sampling step are then one
-        past the host's, and its input id is left for `unpack` to take from `sampled` on the device."""
+        src: rows that run one token ahead: src[i] >= 0 when sequence i has a token in flight (sampled by the
+        previous step or by a prefill, not yet appended) in column src[i] of `sampled`; its position and
+        sampling step are then one past the host's, and its input id is left for `unpack` to take from `sampled`
+        on the device. src[i] = -1: the host's last token, as with src None."""
         self.turn ^= 1
         pinned = self.pinned[self.turn]
-        n, ints, bs, ahead = len(seqs), pinned.ints.numpy(), self.block_size, int(src is not None)
+        n, ints, bs = len(seqs), pinned.ints.numpy(), self.block_size
+        ahead = 0 if src is None else (np.asarray(src, dtype=np.int64) >= 0).astype(np.int64)  # [n] or 0
         width = self._write_tables(seqs)
         self.max_context = 0
         if n:

@@ -19,6 +19,16 @@ groups waiting), blocks short for the next step (then schedule_decode preempts a
 top-p or forced tokens, and pause / abort / begin_weight_update / score / close. Tokens, logprobs, versions and
 finish reasons are those of the synchronous loop; a sequence that stops at a stop token has already been
 given a row in the next step, which is computed and discarded.
+
+A prefill is overlapped the same way (`_prefill_then_decode`): after the drain and admission, the prefill is
+queued, then the next decode step, whose new rows take their first tokens from the prefill's samples on the
+device, and only then does the host wait for those samples, while the GPU decodes:
+
+    host   │ drain k · admit · stage prefill · launch │ stage k+1 · launch k+1 │ wait(prefill) · append │ …
+    stream │ … k ─ D2H(k) │ prefill ─ D2H(prefill) │ k+1 ───────────────────────────── D2H(k+1) │ …
+
+Still synchronous: the drain before admission (admission and preemption decide on the complete host state,
+so the prefill cannot be queued before step k is read without deciding differently from the synchronous loop).
 """
 
 from __future__ import annotations
@@ -154,6 +164,7 @@ class TorchEngine:
         if overlap is None:
             overlap = self.runner.graphs is not None and not deterministic
         self.overlap = overlap
+        self.overlap_prefill = overlap  # `_prefill_then_decode`; benches turn it off to measure it
         self._results = ResultBuffers(max_running, self.device) if overlap else None
         self._inflight: InflightStep | None = None  # the decode step launched and not yet read
         self._ready: list[Sequence] = []  # finished by a drain outside step(): returned by the next step()
@@ -164,8 +175,9 @@ class TorchEngine:
         self._paused = self._updating = self._closed = False
         # decode_ahead: decode steps launched from the previous step's samples on the device (overlap);
         # discarded_rows: rows computed for a sequence that had stopped in the step before
+        # prefills_overlapped: prefills whose samples were read after the next decode step was launched
         self.counters = {"prefills": 0, "prefill_tokens": 0, "decode_steps": 0, "tokens_generated": 0,
-                         "decode_ahead": 0, "discarded_rows": 0}
+                         "decode_ahead": 0, "discarded_rows": 0, "prefills_overlapped": 0}
 
     @property
     def weight_version(self) -> int:
@@ -204,6 +216,9 @@ class TorchEngine:
             finished += self._drain()  # admission and preemption decide on the complete host state
         with stage("engine.schedule_prefill"):
             groups = self.scheduler.schedule_prefill()
+        if groups and self._overlaps_prefill(groups):
+            with stage("engine.prefill_overlapped"):
+                return self._outputs(finished + self._prefill_then_decode(groups))
         if groups:
             finished += self._prefill(groups)
         with stage("engine.schedule_decode"):
@@ -308,19 +323,62 @@ class TorchEngine:
     # ---------------------------------------------------------------- step phases
 
     def _prefill(self, groups: list[SequenceGroup]) -> list[Sequence]:
+        start = self._prefill_begins(groups)
+        finished = []
+        for batch in ([g] for g in groups) if self.deterministic else [groups]:  # alone: no batch dependence
+            seqs, tokens, logprobs = self.runner.prefill(batch)
+            finished += self._append(seqs, tokens, logprobs, self._version)
+        self._prefill_ends(groups, start)
+        return finished
+
+    def _overlaps_prefill(self, groups: list[SequenceGroup]) -> bool:
+        """Whether the next decode step can be launched before the prefill's samples are read: overlap on, some
+        group samples, and every running row can run ahead (no top-k / top-p, nothing forced)."""
+        return (self.overlap_prefill and any(not g.is_resume for g in groups)
+                and self.runner.can_run_ahead(self.scheduler.running))
+
+    def _prefill_then_decode(self, groups: list[SequenceGroup]) -> list[Sequence]:
+        """Launch the prefill, then the next decode step, whose new rows take their first tokens from the
+        prefill's samples on the device, then read those samples while the GPU decodes; the step's own results
+        are read in the next round. The rows and the order are schedule_decode's after a synchronous prefill,
+        plus the rows of sequences whose first token stops them (computed and discarded, as in `_decode_ahead`).
+        When the free blocks do not cover the step, nothing is launched after the prefill: its samples are
+        read, then schedule_decode preempts as the synchronous loop does. -> the sequences that finished."""
+        start = self._prefill_begins(groups)
+        seqs, sampled = self.runner.launch_prefill(groups)
+        prefill = self._results.launch(seqs, sampled, self._version)  # its host copy, queued behind it
+        column = {id(s): i for i, s in enumerate(seqs)}
+        rows, src = [], []
+        for seq in self.scheduler.running:
+            i = column.get(id(seq), -1)
+            if i < 0 or not self._at_length(seq, pending=1):
+                rows.append(seq)
+                src.append(i)
+        launched = bool(rows) and self.scheduler.schedule_rows(rows, [int(i >= 0) for i in src])
+        if launched:
+            self._launch(rows, src)
+            self.counters["prefills_overlapped"] += 1
+        finished = self._read(prefill)
+        self._prefill_ends(groups, start)
+        if not launched:
+            with stage("engine.schedule_decode"):
+                running = self.scheduler.schedule_decode()
+            if running:
+                finished += self._decode(running)
+        return finished
+
+    def _prefill_begins(self, groups: list[SequenceGroup]) -> float:
         start = time.perf_counter()
         for seq in (s for g in groups for s in g.seqs if s.prefill_start is None):
             seq.prefill_start = start
         self.counters["prefills"] += len(groups)
         self.counters["prefill_tokens"] += sum(len(g.prefill_token_ids()) - g.num_cached for g in groups)
-        finished = []
-        for batch in ([g] for g in groups) if self.deterministic else [groups]:  # alone: no batch dependence
-            seqs, tokens, logprobs = self.runner.prefill(batch)
-            finished += self._append(seqs, tokens, logprobs, self._version)
+        return start
+
+    def _prefill_ends(self, groups: list[SequenceGroup], start: float) -> None:
         elapsed = time.perf_counter() - start
         for seq in (s for g in groups for s in g.seqs):
             seq.prefill_s += elapsed
-        return finished
 
     def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
         """One decode step from the host's tokens: synchronous, or with overlap launched and left in flight."""

@@ -8,6 +8,8 @@
     launch_decode   : the same step queued without waiting -> its samples on the device; run ahead of the
                       host (`src`), it takes its input ids from the previous step's samples there
                       (the engine's overlapped decode, `inflight`). A step begins with `DecodeBuffers.unpack`.
+    launch_prefill  : prefill queued without waiting, its samples where a decode step's land, so the next
+                      decode step can take the new sequences' first tokens from the device too
 
 Sampling runs in the fused GPU kernel (`kernels.sampler`) when available; rows with top-k / top-p, and
 the CPU, use `sampler.sample`. Both take each row's forced token (`Sequence.forced_token`, -1 = sample):
@@ -71,6 +73,37 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, groups: list[SequenceGroup]) -> tuple[list[Sequence], torch.Tensor, torch.Tensor]:
         """Run the groups' prefill; -> (sequences that sampled, tokens [n], logprobs [n])."""
+        seqs, logits = self._prefill_model(groups)
+        if not seqs:
+            return [], torch.empty(0, dtype=torch.int64), torch.empty(0)
+        with stage("prefill.sample"):
+            batch = self.prepare_sampling(seqs)
+            if self.fused_sampling and not batch.needs_truncation:
+                sampled = sample_fused(logits, batch.temperatures, batch.seeds, batch.steps, batch.forced)
+                return seqs, *self._to_host(sampled, len(seqs))
+            tokens, logprobs = sample(logits.float(), batch)
+            return seqs, tokens.cpu(), logprobs.cpu()
+
+    @torch.inference_mode()
+    def launch_prefill(self, groups: list[SequenceGroup]) -> tuple[list[Sequence], torch.Tensor]:
+        """`prefill` queued without waiting -> (sequences that sample, `buffers.sampled`: rows [:n] of row 0 their
+        first tokens, of row 1 the logprobs, on the device), the layout of `launch_decode`'s samples, so the next
+        decode step takes those sequences' input ids from there (`src`). Valid until that step's sampler writes
+        `sampled`. Only when the samples `can_run_ahead` and number at most max_batch."""
+        seqs, logits = self._prefill_model(groups)
+        with stage("prefill.sample"):
+            batch = self.prepare_sampling(seqs)
+            if self.fused_sampling:
+                sample_fused(logits, batch.temperatures, batch.seeds, batch.steps, batch.forced,
+                             out=self.buffers.sampled)
+            else:
+                tokens, logprobs = sample(logits.float(), batch)
+                self.buffers.sampled[:, :len(seqs)] = torch.stack((tokens.double(), logprobs.double()))
+        return seqs, self.buffers.sampled
+
+    def _prefill_model(self, groups: list[SequenceGroup]) -> tuple[list[Sequence], torch.Tensor | None]:
+        """The model over the groups' new tokens (KV written, copy-on-write blocks copied, full pages cached) ->
+        (the fresh groups' sequences, their first logits [num_samples, vocab]; None when all are resumed)."""
         with stage("prefill.prepare"):
             input_ids, positions, meta, last_rows = self.prepare_prefill(groups)
         fresh = [g for g in groups if not g.is_resume]
@@ -79,16 +112,8 @@ class ModelRunner:
             self.kv_cache.copy_blocks([pair for g in groups for pair in g.cow_pairs])
             self.blocks.cache_prefilled(groups)
         if not fresh:
-            return [], torch.empty(0, dtype=torch.int64), torch.empty(0)
-        with stage("prefill.sample"):
-            seqs = [s for g in fresh for s in g.seqs]
-            logits = self.prefill_logits(hidden, fresh, last_rows)  # [num_samples, vocab]
-            batch = self.prepare_sampling(seqs)
-            if self.fused_sampling and not batch.needs_truncation:
-                sampled = sample_fused(logits, batch.temperatures, batch.seeds, batch.steps, batch.forced)
-                return seqs, *self._to_host(sampled, len(seqs))
-            tokens, logprobs = sample(logits.float(), batch)
-            return seqs, tokens.cpu(), logprobs.cpu()
+            return [], None
+        return [s for g in fresh for s in g.seqs], self.prefill_logits(hidden, fresh, last_rows)
 
     def prefill_logits(self, hidden: torch.Tensor, fresh: list[SequenceGroup], last_rows: list[int]) -> torch.Tensor:
         """-> [num_samples, vocab] in the model dtype: each fresh group's last-row logits, once per

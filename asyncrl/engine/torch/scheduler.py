@@ -83,6 +83,16 @@ class Scheduler:
             self.blocks.append_slot(seq, ahead=1)
         return True
 
+    def schedule_rows(self, seqs: list[Sequence], ahead: list[int]) -> bool:
+        """`schedule_ahead` with each sequence's own lookahead (1: a token in flight, 0: none) -> False,
+        allocating nothing, when the free blocks do not cover them."""
+        needs = self.blocks.needs_block
+        if sum(needs(s, a) for s, a in zip(seqs, ahead, strict=True)) > self.blocks.num_free:
+            return False
+        for seq, a in zip(seqs, ahead, strict=True):
+            self.blocks.append_slot(seq, ahead=a)
+        return True
+
     def _needing_blocks(self) -> list[Sequence]:
         needs = self.blocks.needs_block
         return [s for s in self.running if needs(s)]
