@@ -48,6 +48,11 @@ class WeightSource(Protocol):
         """Handle pending weight-push messages, waiting up to timeout_s for one; None when no update ran
         (`UpdateResult.aborted`: outputs aborted by the pause)."""
 
+    @property
+    def mid_update(self) -> bool:
+        """An update failed half done (the learner dropped us, a transfer broke): the engine holds no complete
+        weight version and must not step until the next update completes it."""
+
 
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
@@ -109,7 +114,7 @@ class GeneratorWorker:
         self._sync_weights()
         self._lease()
         self._advance()
-        if self.engine.has_work():
+        if self.engine.has_work() and not (self.weights is not None and self.weights.mid_update):
             start = time.time()
             outputs = self.engine.step()
             self.timeline.record("generate", start, time.time())
@@ -119,8 +124,8 @@ class GeneratorWorker:
         self._heartbeat()
 
     def _idle(self) -> None:
-        """Nothing to decode: wait on the weight socket (not on the hub), so a push is served at once;
-        episodes waiting on their environments are polled again after it (`_advance`)."""
+        """Nothing to decode (or weights half updated): wait on the weight socket (not on the hub), so a push is
+        served at once; episodes waiting on their environments are polled again after it (`_advance`)."""
         wait = BUSY_WAIT_S if self.rollout.busy() else IDLE_WAIT_S
         if self.weights is None:
             time.sleep(wait)

@@ -108,6 +108,12 @@ class WeightReceiver:
         return self.engine.weight_version
 
     @property
+    def mid_update(self) -> bool:
+        """A failed update left the engine paused inside its weight update (`_update`): no complete version
+        until the next update, which the rejoin brings, completes it. The worker does not step meanwhile."""
+        return self._session_open
+
+    @property
     def ready(self) -> bool:
         """Joined, and the engine holds one complete weight version (no update half done)."""
         return self._transport is not None and not self._session_open

@@ -45,11 +45,32 @@ def test_leases_only_what_fits():
 
 def test_behind_hub_version_takes_no_prompts():
     engine, hub = FakeEngine(), FakeHub(prompts(2, n=2), version=3)
-    weights = SimpleNamespace(poll=lambda timeout_s=0.0: None)
+    weights = SimpleNamespace(poll=lambda timeout_s=0.0: None, mid_update=False)
     w = worker(engine, hub, weights=weights)
     w.hub_version = 3
     w.run_once()
     assert not engine.requests and not hub.lease_sizes
+
+
+def test_no_step_while_an_update_is_half_done():
+    """A failed update (the learner stopped or dropped us mid-push) leaves the engine inside its weight update;
+    stepping it then raised and ended the generator (seen on the H200 when bench.pipeline stopped its learner).
+    The worker waits on the weight socket instead, and steps again once an update completes."""
+    engine, hub = FakeEngine(), FakeHub(prompts(1, n=2))
+    polls: list[float] = []
+    weights = SimpleNamespace(poll=lambda timeout_s=0.0: polls.append(timeout_s), mid_update=False)
+    w = worker(engine, hub, weights=weights)
+    w.run_once()  # leases p0 and steps once
+    assert engine.has_work()
+    weights.mid_update = True
+    engine.step = lambda: (_ for _ in ()).throw(AssertionError("stepped mid-update"))
+    w.run_once()
+    assert polls[-1] > 0  # it waited on the weight socket
+    del engine.step
+    weights.mid_update = False
+    for _ in range(5):
+        w.run_once()
+    assert [s.prompt_id for b in hub.sent for s in b.samples] == ["p0", "p0"]
 
 
 def test_aborted_group_is_returned_not_sent():
