@@ -1,7 +1,7 @@
 """Held-out prompts for evaluation: `count` deterministic prompts that the training source never yields.
 
     arithmetic     problems from seed + 1_000_003, distinct by text; the training stream skips those texts
-    reasoning_gym  problems from seed + 1_000_003, distinct by question; the training set skips those
+    reasoning_gym  problems from mix_seed(seed, 1_000_003), distinct by question; the training set skips those
                    questions (reasoning-gym repeats problems across seeds)
     jsonl/dataset  the first `count` distinct prompts of task.eval_path, or when that is "" the last
                    `count` distinct prompts of task.path; training drops every row with a held-out prompt
@@ -72,7 +72,7 @@ def rg_heldout(cfg: TaskConfig, count: int) -> list[reasoning_gym.Problem]:
     problems as task.size grew: 0.10 at step 0 for 3,000 training problems, 0.05 for 30,000)."""
     scan = 4 * count + 64  # size of the held-out draw: fixed by count, so the entries rebuild the same
     held, seen = [], set()
-    for p in reasoning_gym.problems(cfg, cfg.seed + HELDOUT_SEED_OFFSET, scan):
+    for p in reasoning_gym.problems(cfg, reasoning_gym.mix_seed(cfg.seed, HELDOUT_SEED_OFFSET), scan):
         if p.question not in seen:
             seen.add(p.question)
             held.append(p)
@@ -85,7 +85,8 @@ def rg_heldout(cfg: TaskConfig, count: int) -> list[reasoning_gym.Problem]:
 def rg_training(cfg: TaskConfig, heldout: int) -> list[reasoning_gym.Problem]:
     """The task.size training problems less those whose question is one of the `heldout` held-out ones."""
     exclude = {p.question for p in rg_heldout(cfg, heldout)} if heldout else set()
-    train = [p for p in reasoning_gym.problems(cfg, cfg.seed, cfg.size) if p.question not in exclude]
+    train = [p for p in reasoning_gym.problems(cfg, reasoning_gym.mix_seed(cfg.seed), cfg.size)
+             if p.question not in exclude]
     if not train:
         raise ValueError(f"eval.prompts={heldout}: every one of the task.size={cfg.size} training problems is a "
                          "held-out question; raise task.size, lower eval.prompts, or widen the tasks' config")

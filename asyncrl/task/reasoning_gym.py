@@ -3,8 +3,12 @@ entries behind a prompt, rebuilt for scoring.
 
 The mix follows reasoning-gym's own CompositeDataset: task i of the mix is dataset `name` with seed
 `seed + i + 1` and size `size`, and problem `idx` of the mix is problem `idx` of the task that
-`Random(seed + idx).choices(weights)` picks. A training set is `task.size` problems under `task.seed`;
-held-out problems come from another seed (asyncrl.task.heldout).
+`Random(seed + idx).choices(weights)` picks. reasoning-gym draws problem `idx` of a dataset from
+`Random(dataset seed + idx)`, so the mixes of seeds s and s + 1 are the same problems shifted by one: `mix_seed`
+spreads `task.seed` (times a prime past any mix's size, modulo 2**31: some tasks seed numpy, which takes 32 bits)
+so that two task seeds give two different sets. A training set is `task.size`
+problems under `mix_seed(task.seed)`; held-out problems come from `mix_seed(task.seed, offset)`
+(asyncrl.task.heldout). Seed 0 keeps the mixes it always had.
 
 Each problem's reward spec carries its answer as the target and, in params, where the problem came from:
 {"rg_task", "rg_config", "rg_seed", "rg_size", "rg_index"} (plain msgpack types, a few dozen bytes plus
@@ -38,6 +42,16 @@ class Problem:
     params: dict[str, Any]  # RewardSpec.params
 
 
+SEED_STRIDE = 10_000_019  # a prime past any mix's size plus the held-out offset (1_000_003)
+
+
+def mix_seed(task_seed: int, offset: int = 0) -> int:
+    """The seed of the mix for `task.seed` (offset: the held-out set's, asyncrl.task.heldout). Seeds 0..213 get
+    disjoint ranges of reasoning-gym seeds; larger ones wrap modulo 2**31, where two overlap with a chance of
+    about 2 * size / 2**31."""
+    return (task_seed * SEED_STRIDE) % 2**31 + offset
+
+
 def problems(cfg: TaskConfig, seed: int, size: int) -> Iterator[Problem]:
     """Problems 0 .. size-1 of the mix of cfg.tasks under `seed`, generated lazily, in order."""
     datasets = [_checked_dataset(t, i, seed + i + 1, size) for i, t in enumerate(cfg.tasks)]
@@ -64,7 +78,7 @@ def format_prompt(cfg: TaskConfig, question: str) -> str:
 
 def check_tasks(cfg: TaskConfig) -> None:
     """Each task of the mix exists and accepts its options (its first problem is generated)."""
-    next(problems(cfg, cfg.seed, cfg.size), None)
+    next(problems(cfg, mix_seed(cfg.seed), cfg.size), None)
 
 
 def entry(params: dict[str, Any]) -> dict[str, Any]:

@@ -42,6 +42,19 @@ def test_deterministic_and_seeded():
     assert len(list(make_prompt_source(rg(size=20, repeat=False), 1))) == 20
 
 
+def test_two_task_seeds_are_two_problem_sets_not_one_shifted():
+    """reasoning-gym draws problem i of a dataset from Random(dataset seed + i): seeds s and s + 1 handed to it
+    as they are give one set shifted by one (the H200 runs of 2026-12-05 had the same 300 held-out problems under
+    seeds 0 and 1). mix_seed spreads task.seed; seed 0 keeps its problems."""
+    def questions(seed):
+        return [p.question for p in reasoning_gym.problems(rg(), reasoning_gym.mix_seed(seed), 400)]
+
+    zero, one, two = questions(0), questions(1), questions(2)
+    assert zero == [p.question for p in reasoning_gym.problems(rg(), 0, 400)]  # unchanged for seed 0
+    assert zero[1:] != one[:-1] and one[1:] != two[:-1]  # no shift of one another
+    assert sum(a == b for a, b in zip(zero, one)) < 40 and len(set(zero) & set(two)) < 200
+
+
 def test_prompts_carry_what_the_scorer_needs_in_plain_types():
     p = first(rg(shuffle=False), 1)[0]
     assert p.reward.params == {"rg_task": "basic_arithmetic", "rg_config": ARITH["config"], "rg_seed": 1,
