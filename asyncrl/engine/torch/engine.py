@@ -20,15 +20,8 @@ top-p or forced tokens, and pause / abort / begin_weight_update / score / close.
 finish reasons are those of the synchronous loop; a sequence that stops at a stop token has already been
 given a row in the next step, which is computed and discarded.
 
-A prefill is overlapped the same way (`_prefill_then_decode`): after the drain and admission, the prefill is
-queued, then the next decode step, whose new rows take their first tokens from the prefill's samples on the
-device, and only then does the host wait for those samples, while the GPU decodes:
-
-    host   │ drain k · admit · stage prefill · launch │ stage k+1 · launch k+1 │ wait(prefill) · append │ …
-    stream │ … k ─ D2H(k) │ prefill ─ D2H(prefill) │ k+1 ───────────────────────────── D2H(k+1) │ …
-
-Still synchronous: the drain before admission (admission and preemption decide on the complete host state,
-so the prefill cannot be queued before step k is read without deciding differently from the synchronous loop).
+A prefill is overlapped the same way (`_prefill_then_decode`, timeline in `inflight`): the next decode step is
+launched before the prefill's samples are read, its new rows taking their first tokens from them on the device.
 """
 
 from __future__ import annotations

@@ -21,6 +21,18 @@ never waits for the host's bookkeeping between two decode steps:
 * Device side: `sampled` is one buffer that every decode step writes; its readers, the D2H copy and the next
   step's unpack, are queued before the next step's sampler, so it is only valid until the next launch.
 
+A prefill (`TorchEngine._prefill_then_decode`): after the drain and admission, the prefill is queued, its
+samples written where a decode step's land (`sampled`) and their D2H copy queued, then the next decode step, whose
+new rows unpack their first tokens from those samples; only then does the host wait for the prefill's copy, while
+the GPU decodes:
+
+    host   │ drain k · admit · stage prefill · launch │ stage k+1 · launch k+1 │ wait(prefill) · append │ …
+    stream │ … k ─ D2H(k) │ prefill ─ D2H(prefill) │ H2D(k+1) · k+1 ─────────────────── D2H(k+1) │ …
+
+The prefill's copy takes the other pinned buffer (step k's was read by the drain), step k+1 then the one step k
+used. The drain before admission stays synchronous: admission and preemption decide on the complete host state,
+and queuing the prefill before step k is read would decide differently from the synchronous loop.
+
 One thread both launches and reads (the one driving `step()`), one call apart: a sample's output comes back
 one call after the step that sampled its last token; nothing else shares this state.
 
