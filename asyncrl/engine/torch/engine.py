@@ -211,8 +211,11 @@ class TorchEngine:
             groups = self.scheduler.schedule_prefill()
         if groups and self._overlaps_prefill(groups):
             with stage("engine.prefill_overlapped"):
-                return self._outputs(finished + self._prefill_then_decode(groups))
-        if groups:
+                done, launched = self._prefill_then_decode(groups)
+            finished += done
+            if launched:
+                return self._outputs(finished)
+        elif groups:
             finished += self._prefill(groups)
         with stage("engine.schedule_decode"):
             seqs = self.scheduler.schedule_decode()
@@ -330,13 +333,13 @@ class TorchEngine:
         return (self.overlap_prefill and any(not g.is_resume for g in groups)
                 and self.runner.can_run_ahead(self.scheduler.running))
 
-    def _prefill_then_decode(self, groups: list[SequenceGroup]) -> list[Sequence]:
+    def _prefill_then_decode(self, groups: list[SequenceGroup]) -> tuple[list[Sequence], bool]:
         """Launch the prefill, then the next decode step, whose new rows take their first tokens from the
         prefill's samples on the device, then read those samples while the GPU decodes; the step's own results
         are read in the next round. The rows and the order are schedule_decode's after a synchronous prefill,
         plus the rows of sequences whose first token stops them (computed and discarded, as in `_decode_ahead`).
-        When the free blocks do not cover the step, nothing is launched after the prefill: its samples are
-        read, then schedule_decode preempts as the synchronous loop does. -> the sequences that finished."""
+        -> (the sequences that finished, whether the step was launched). Not launched when the free blocks do
+        not cover it: step() then schedules (and preempts) as the synchronous loop does."""
         start = self._prefill_begins(groups)
         seqs, sampled = self.runner.launch_prefill(groups)
         prefill = self._results.launch(seqs, sampled, self._version)  # its host copy, queued behind it
@@ -353,12 +356,7 @@ class TorchEngine:
             self.counters["prefills_overlapped"] += 1
         finished = self._read(prefill)
         self._prefill_ends(groups, start)
-        if not launched:
-            with stage("engine.schedule_decode"):
-                running = self.scheduler.schedule_decode()
-            if running:
-                finished += self._decode(running)
-        return finished
+        return finished, launched
 
     def _prefill_begins(self, groups: list[SequenceGroup]) -> float:
         start = time.perf_counter()

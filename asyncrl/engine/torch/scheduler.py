@@ -76,20 +76,16 @@ class Scheduler:
         """Allocate the KV slots of a decode step one token ahead: each of `seqs` has a token in flight (not
         yet appended), so the step writes position `num_tokens`. -> False, allocating nothing, when the free
         blocks do not cover them."""
-        needing = [s for s in seqs if self.blocks.needs_block(s, ahead=1)]
-        if len(needing) > self.blocks.num_free:
-            return False
-        for seq in needing:
-            self.blocks.append_slot(seq, ahead=1)
-        return True
+        return self.schedule_rows(seqs, [1] * len(seqs))
 
     def schedule_rows(self, seqs: list[Sequence], ahead: list[int]) -> bool:
         """`schedule_ahead` with each sequence's own lookahead (1: a token in flight, 0: none) -> False,
         allocating nothing, when the free blocks do not cover them."""
         needs = self.blocks.needs_block
-        if sum(needs(s, a) for s, a in zip(seqs, ahead, strict=True)) > self.blocks.num_free:
+        needing = [(s, a) for s, a in zip(seqs, ahead, strict=True) if needs(s, a)]  # a few a step: most rows
+        if len(needing) > self.blocks.num_free:  # have room in their last block
             return False
-        for seq, a in zip(seqs, ahead, strict=True):
+        for seq, a in needing:
             self.blocks.append_slot(seq, ahead=a)
         return True
 
