@@ -82,8 +82,9 @@ class Scheduler:
         """`schedule_ahead` with each sequence's own lookahead (1: a token in flight, 0: none) -> False,
         allocating nothing, when the free blocks do not cover them."""
         needs = self.blocks.needs_block
-        needing = [(s, a) for s, a in zip(seqs, ahead, strict=True) if needs(s, a)]  # a few a step: most rows
-        if len(needing) > self.blocks.num_free:  # have room in their last block
+        # a few rows a step: most have room in their last block
+        needing = [(s, a) for s, a in zip(seqs, ahead, strict=True) if needs(s, a)]
+        if len(needing) > self.blocks.num_free:
             return False
         for seq, a in needing:
             self.blocks.append_slot(seq, ahead=a)
