@@ -113,7 +113,8 @@ class ModelRunner:
             self.blocks.cache_prefilled(groups)
         if not fresh:
             return [], None
-        return [s for g in fresh for s in g.seqs], self.prefill_logits(hidden, fresh, last_rows)
+        with stage("prefill.sample"):  # the lm_head rows: timed with the sampling, as before the split
+            return [s for g in fresh for s in g.seqs], self.prefill_logits(hidden, fresh, last_rows)
 
     def prefill_logits(self, hidden: torch.Tensor, fresh: list[SequenceGroup], last_rows: list[int]) -> torch.Tensor:
         """-> [num_samples, vocab] in the model dtype: each fresh group's last-row logits, once per
