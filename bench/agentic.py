@@ -192,24 +192,19 @@ def main(argv: list[str] | None = None) -> int:
     overlaps = [bool(int(x)) for x in args.prefill_overlap.split(",")]
     for cache in caches:  # warm-up of each engine path (kernels, autotuning, allocator), not reported: the cached
         run_case(args, hf, latencies[0], args.prompt_len, cache)  # one's masked prefill is not the uncached one's
-    base: dict[tuple[bool, bool], float] = {}
+    rows: dict[tuple[float, bool, bool], dict[str, Any]] = {}  # (tool ms, prefix cache, prefill overlap) -> row
     for ms in latencies:
-        off: dict[bool, dict] = {}  # the cache-off row of each overlap setting
         for cache in caches:
-            plain = None
             for overlap in overlaps:
-                row = run_case(args, hf, ms, args.prompt_len, cache, overlap)
-                base.setdefault((cache, overlap), row["tokens_per_s"])
-                row.update(vs_no_tool=round(row["tokens_per_s"] / base[cache, overlap], 3), shape=args.shape,
-                           device=args.device, prompt_len=args.prompt_len, turn_tokens=args.turn_tokens,
-                           obs_tokens=args.obs_tokens, commit=commit)
-                if cache and overlap in off:
-                    row["vs_no_cache"] = {k: round(row[k] / off[overlap][k], 3) for k in ("prefill_tokens", "tokens_per_s")}
-                if overlap and plain is not None:
-                    row["vs_no_overlap"] = round(row["tokens_per_s"] / plain["tokens_per_s"], 3)
-                if not cache:
-                    off[overlap] = row
-                plain = row if not overlap else plain
+                row = rows[ms, cache, overlap] = run_case(args, hf, ms, args.prompt_len, cache, overlap)
+                row.update(vs_no_tool=round(row["tokens_per_s"] / rows[latencies[0], cache, overlap]["tokens_per_s"], 3),
+                           shape=args.shape, device=args.device, prompt_len=args.prompt_len,
+                           turn_tokens=args.turn_tokens, obs_tokens=args.obs_tokens, commit=commit)
+                if cache and (ms, False, overlap) in rows:
+                    off = rows[ms, False, overlap]
+                    row["vs_no_cache"] = {k: round(row[k] / off[k], 3) for k in ("prefill_tokens", "tokens_per_s")}
+                if row["prefill_overlap"] and (ms, cache, False) in rows:  # False on CPU: no overlap there
+                    row["vs_no_overlap"] = round(row["tokens_per_s"] / rows[ms, cache, False]["tokens_per_s"], 3)
                 print(json.dumps(row), flush=True)
     return 0
 
