@@ -136,6 +136,7 @@ def test_failed_load_drops_then_rejoins_and_next_push_completes():
         assert report.generators == [] and "injected load failure" in report.dropped["g"]
         r = results(out, ["g"])["g"]
         assert not r["ok"] and r["version"] == 0 and "resume" not in r["events"]  # stays paused
+        assert r["mid_update"]  # so the generator's worker does not step it (GeneratorWorker.run_once)
 
         assert sender.wait_for_joins(1, 10) == 1  # it asked again
         report = sender.serve_joins(lambda: sd1.items(), version=1)
@@ -143,6 +144,7 @@ def test_failed_load_drops_then_rejoins_and_next_push_completes():
         r = results(out, ["g"])["g"]
         assert_has(r, sd1)
         assert r["events"][0] != "begin" and r["events"][-2:] == ["end:1", "resume"]  # completed the open session
+        assert not r["mid_update"]
 
 
 def test_hung_member_is_dropped_after_the_timeout_and_the_other_carries_on():

@@ -95,7 +95,7 @@ def run_generator(endpoint: str, name: str, out_q, stop, device: str = "cpu", fa
             weights = {k: fingerprint(v) for k, v in engine.weights.items()}
             out_q.put({"name": name, "ok": result.ok, "version": result.version, "error": result.error,
                        "aborted": len(result.aborted), "timings": result.timings, "events": list(engine.events),
-                       "weights": weights, "rejected": rx.rejected.as_dict()})
+                       "weights": weights, "rejected": rx.rejected.as_dict(), "mid_update": rx.mid_update})
             engine.events.clear()
     finally:
         rx.close()
