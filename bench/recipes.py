@@ -8,7 +8,8 @@ device calls) with run directory DIR/NAME, and records the launch time. `collect
 seconds) for every run to end, then writes DIR/results.json and prints a table per run: each held-out
 evaluation's strict pass@1 (and mean@k) with the wall time from launch at which its round ended, the final
 summary, and the restatement check: held-out answers that only restate the question (e.g. "(-95 / 95)" for
-"Calculate -95 / 95.") and still scored. It draws each run's curves (asyncrl.plot) into --dest.
+"Calculate -95 / 95.") and still scored. It draws each run's curves (asyncrl.plot) into --dest, and packs each
+run's metrics, held-out answers, summary, config and log there as runs.tgz (one file: a device call brings few back).
 
 Runs started together share the machine: each one's wall times include the others' load.
 """
@@ -81,7 +82,23 @@ def collect(out: Path, wait_s: float, dest: Path | None) -> list[dict[str, Any]]
         (dest / "results.md").write_text(text + "\n")
         for r in results:
             _plot(out / r["name"], dest / f"{r['name']}.png")
+        _pack(out, [r["name"] for r in results], dest / "runs.tgz")
     return results
+
+
+RUN_FILES = ("metrics.jsonl", "eval.jsonl", "eval_responses.jsonl", "summary.json", "config.json")
+
+
+def _pack(out: Path, names: list[str], tgz: Path) -> None:
+    """Each run's metrics, evaluations, held-out answers, summary, config and log in one file (a device call
+    brings back only a few files)."""
+    import tarfile
+
+    with tarfile.open(tgz, "w:gz") as tar:
+        for name in names:
+            for path in [out / name / f for f in RUN_FILES] + [out / f"{name}.log"]:
+                if path.is_file():
+                    tar.add(path, arcname=str(path.relative_to(out)))
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,43 @@
+"""bench.recipes collect on a run directory written by hand: the table's numbers, the restatement check, and the one
+file that packs each run's records (what a device call brings back)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+from bench import recipes
+
+
+def write_run(out: Path, name: str, launched: float) -> None:
+    run = out / name
+    run.mkdir(parents=True)
+    (out / f"{name}.json").write_text(json.dumps({"name": name, "config": "c.toml", "overrides": ["task.seed=1"],
+                                                  "pid": 2**22 + 7, "launched": launched}))  # no such process
+    (out / f"{name}.log").write_text("run finished\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": s / 10, "eval_prompts_in_batch": 0})
+                                               + "\n" for s in range(1, 21)) + '{"step": 21, "rew')  # a cut last line
+    (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "pass@1": p, "wall_time": launched + w})
+                                            + "\n" for s, p, w in [(0, 0.1, 30.0), (20, 0.6, 90.0)]))
+    answers = [{"question": "Calculate -95 / 95.", "response": "(-95 / 95)", "score": 1.0},  # restated, scored
+               {"question": "Calculate 3 + 4.", "response": "3 + 4", "score": 0.0},  # restated, not scored
+               {"question": "Calculate 3 + 4.", "response": "3 + 4 = 7", "score": 1.0}]
+    (run / "eval_responses.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+    (run / "summary.json").write_text(json.dumps({"accounting": {"lost": 0}}))
+
+
+def test_collect_summarizes_and_packs_each_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(recipes, "_plot", lambda run, png: None)
+    out, dest = tmp_path / "out", tmp_path / "dest"
+    write_run(out, "a1", launched=1000.0)
+    [r] = recipes.collect(out, wait_s=0.0, dest=dest)
+    assert [(e["step"], e["pass@1"], e["wall_s"]) for e in r["evals"]] == [(0, 0.1, 30.0), (20, 0.6, 90.0)]
+    assert r["steps"] == 20 and abs(r["reward_first10"] - 0.55) < 1e-9 and abs(r["reward_last10"] - 1.55) < 1e-9
+    assert r["restated_and_scored"] == {"restated": 2, "restated_scored": 1}
+    assert r["accounting"] == {"lost": 0} and r["eval_prompts_in_batches"] == 0
+    assert json.loads((dest / "results.json").read_text())[0]["name"] == "a1"
+    assert "| 20 | 90 | 0.600 |" in (dest / "results.md").read_text()
+    with tarfile.open(dest / "runs.tgz") as tar:
+        assert sorted(tar.getnames()) == ["a1.log", "a1/eval.jsonl", "a1/eval_responses.jsonl", "a1/metrics.jsonl",
+                                          "a1/summary.json"]
