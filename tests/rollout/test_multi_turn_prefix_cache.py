@@ -87,3 +87,36 @@ def test_each_next_turn_prefills_only_what_the_earlier_turns_kv_lacks(hf):
         new = context - kv  # the last model token and the environment's tokens
         assert new == 1 + len(ENV_IDS) and computed - new < PAGE
         kv = context + TURN_TOKENS - 1
+
+
+def episodes(hf, overlap: bool) -> tuple[list[R.Sample], TorchEngine]:
+    """Groups of sampled multi-turn episodes arriving over time (the worker leases as slots free), so turns after
+    the first are prefilled while other episodes decode: the overlapped prefill's case."""
+    engine = TorchEngine.from_model(build_from_hf(hf), max_running=4, num_kv_blocks=128, kv_block_size=PAGE,
+                                    prefix_cache=True, overlap=overlap)
+    sampling = R.SamplingParams(max_new_tokens=TURN_TOKENS, temperature=1.0, seed=7, ignore_eos=True)
+    prompts = [R.Prompt(prompt_id=f"p{i}", n=2, token_ids=np.arange(10 + i, 19 + 2 * i, dtype=np.int32),
+                        sampling=sampling) for i in range(4)]
+    hub = FakeHub(prompts)
+    cfg = RolloutConfig(environment="x:y", max_turns=TURNS, max_total_tokens=40, max_episodes=8)
+    rollout = MultiTurn(cfg, Again, IdTokenizer(), 97)
+    worker = GeneratorWorker(name="g", engine=engine, hub=hub, tokenizer=IdTokenizer(), max_running=8,
+                             group_size=2, rollout=rollout)
+    deadline = time.monotonic() + 60
+    while sum(len(b.samples) for b in hub.sent) < 8 and time.monotonic() < deadline:
+        worker.run_once()
+    rollout.close()
+    return sorted((s for b in hub.sent for s in b.samples), key=lambda s: (s.prompt_id, s.sample_index)), engine
+
+
+def test_overlapped_prefill_gives_the_same_episodes(hf):
+    """Each turn's prefill overlapped with the decode of others (TorchEngine overlap on the CPU, where it runs
+    synchronously through the same code): the episodes are token for token those of the synchronous loop."""
+    ahead, eng = episodes(hf, overlap=True)
+    sync, _ = episodes(hf, overlap=False)
+    assert eng.counters["prefills_overlapped"] > 0 and len(ahead) == len(sync) == 8
+    for a, s in zip(ahead, sync):
+        assert (a.prompt_id, a.sample_index, a.rollout["turns"]) == (s.prompt_id, s.sample_index, TURNS)
+        assert a.response_token_ids.tolist() == s.response_token_ids.tolist()
+        assert a.loss_mask.tolist() == s.loss_mask.tolist()
+        np.testing.assert_allclose(a.logprobs, s.logprobs, atol=2e-6, rtol=0)
