@@ -31,5 +31,7 @@ case "${1:-env}" in
     mkdir -p /tmp/parts /tmp/models && { cp .part_c/* /tmp/parts/ 2>/dev/null || true; }  # already there: fine (sha256 checks)
     [ -f $M ] || cat /tmp/parts/ggpart_* > $M
     echo "$SHA  $M" | sha256sum -c -
-    python3 -c "from pathlib import Path; from asyncrl.models.gguf import converted; print(converted(Path('$M'), print))" ;;
+    # the carried wheels (gguf) are on /tmp/site: the caller's PYTHONPATH may not name it yet (2026-12-05 it did
+    # not, the conversion failed here and the first run converted the model instead, inside its 10 minutes)
+    PYTHONPATH=/tmp/site:$PWD python3 -c "from pathlib import Path; from asyncrl.models.gguf import converted; print(converted(Path('$M'), print))" ;;
 esac
