@@ -71,7 +71,7 @@ def build_generator(
     rollout = build_rollout(gen.rollout, tokenizer, engine.limits().vocab_size)
     worker = GeneratorWorker(
         name=name, engine=engine, hub=hub, tokenizer=tokenizer,
-        max_running=gen.rollout.max_episodes or gen.max_running,  # samples held at once
+        max_running=gen.rollout.episodes(gen.max_running),  # samples held at once
         weights=weights, seed=gen.seed,
         heartbeat_s=gen.heartbeat_s, timeline=timeline,
         group_size=group_size, rollout=rollout,

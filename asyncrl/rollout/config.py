@@ -21,9 +21,9 @@ class RolloutConfig:
     step_timeout_s: float = 30.0
     """An environment call (reset or step) that takes longer fails its episode with reason "timeout"."""
     max_episodes: int = 0
-    """Episodes a generator holds at once (leased, decoding or waiting on their environment); 0 = its
-    max_running. More than max_running keeps the engine's rows busy while some episodes wait on slow tools
-    (the extra ones queue in the engine; none holds KV while it waits)."""
+    """Episodes a generator holds at once (leased, decoding or waiting on their environment); 0 = twice its
+    max_running with an environment, its max_running without. More than max_running keeps the engine's rows busy
+    while some episodes wait on slow tools (the extra ones queue in the engine; none holds KV while it waits)."""
     env_threads: int = 16
     """Threads for environments whose reset/step are plain (non-async) functions."""
 
@@ -37,10 +37,20 @@ class RolloutConfig:
         if self.step_timeout_s <= 0:
             raise ValueError(f"generator.rollout.step_timeout_s={self.step_timeout_s}: must be > 0")
         if self.max_episodes < 0:
-            raise ValueError(f"generator.rollout.max_episodes={self.max_episodes}: must be >= 0 (0: max_running)")
+            raise ValueError(f"generator.rollout.max_episodes={self.max_episodes}: must be >= 0 (0: the default, twice generator.max_running with an environment)")
         if self.env_threads < 1:
             raise ValueError(f"generator.rollout.env_threads={self.env_threads}: must be >= 1")
 
     @property
     def multi_turn(self) -> bool:
         return bool(self.environment)
+
+    def episodes(self, max_running: int) -> int:
+        """Samples a generator with `max_running` engine rows holds at once. The multi-turn default, two
+        episodes a row: bench.agentic on 2 CPU cores (2026-12-03) kept 0.90 of the engine's no-tool rate with
+        100 ms tools at two a row, 0.72 at one. With an instant environment (configs/multiturn-cpu.toml, 2026-12-05,
+        four runs interleaved on the 2-core VM) two a row cost nothing seen: 56 / 50 s against 60 / 52 s at one, 0
+        dropped stale in all, last-step training reward 0.68 / 0.67 against 0.66 / 0.76."""
+        if self.max_episodes:
+            return self.max_episodes
+        return 2 * max_running if self.multi_turn else max_running

@@ -240,3 +240,9 @@ def test_the_learner_trains_on_exactly_the_sampled_and_appended_ids():
     assert np.array_equal(mb.mask.numpy(), np.concatenate([s.loss_mask for s in samples]).astype(np.float32))
     sampled = np.concatenate([o.token_ids for o in engine.outputs])
     assert sorted(mb.targets.numpy()[mb.mask.numpy() == 1].tolist()) == sorted(sampled.tolist())
+
+
+def test_episodes_default_to_two_a_row_with_an_environment():
+    assert RolloutConfig().episodes(64) == 64  # single-turn: one sample a row
+    assert RolloutConfig(environment="m:C").episodes(64) == 128  # episodes waiting on tools leave rows to others
+    assert RolloutConfig(environment="m:C", max_episodes=80).episodes(64) == 80
