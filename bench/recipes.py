@@ -11,7 +11,8 @@ summary, and the restatement check: held-out answers that only restate the quest
 "Calculate -95 / 95.") and still scored. It draws each run's curves (asyncrl.plot) into --dest, and packs each
 run's metrics, held-out answers, summary, config and log there as runs.tgz (one file: a device call brings few back).
 
-Runs started together share the machine: each one's wall times include the others' load.
+Runs started together share the machine: each one's wall times include the others' load, and its memory: on one
+H200 two `smollm2-arith-gpu` runs take 89 GiB, and a GSM run beside them ran out of memory (2026-12-05).
 """
 
 from __future__ import annotations
