@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         for cache in caches:
             for overlap in overlaps:
                 row = rows[ms, cache, overlap] = run_case(args, hf, ms, args.prompt_len, cache, overlap)
-                row.update(vs_no_tool=round(row["tokens_per_s"] / rows[latencies[0], cache, overlap]["tokens_per_s"], 3),
+                no_tool = rows[latencies[0], cache, overlap]
+                row.update(vs_no_tool=round(row["tokens_per_s"] / no_tool["tokens_per_s"], 3),
                            shape=args.shape, device=args.device, prompt_len=args.prompt_len,
                            turn_tokens=args.turn_tokens, obs_tokens=args.obs_tokens, commit=commit)
                 if cache and (ms, False, overlap) in rows:

@@ -37,7 +37,8 @@ class RolloutConfig:
         if self.step_timeout_s <= 0:
             raise ValueError(f"generator.rollout.step_timeout_s={self.step_timeout_s}: must be > 0")
         if self.max_episodes < 0:
-            raise ValueError(f"generator.rollout.max_episodes={self.max_episodes}: must be >= 0 (0: the default, twice generator.max_running with an environment)")
+            raise ValueError(f"generator.rollout.max_episodes={self.max_episodes}: must be >= 0 (0: the default, "
+                             "twice generator.max_running with an environment)")
         if self.env_threads < 1:
             raise ValueError(f"generator.rollout.env_threads={self.env_threads}: must be >= 1")
 

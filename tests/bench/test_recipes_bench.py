@@ -16,8 +16,8 @@ def write_run(out: Path, name: str, launched: float) -> None:
     (out / f"{name}.json").write_text(json.dumps({"name": name, "config": "c.toml", "overrides": ["task.seed=1"],
                                                   "pid": 2**22 + 7, "launched": launched}))  # no such process
     (out / f"{name}.log").write_text("run finished\n")
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": s / 10, "eval_prompts_in_batch": 0})
-                                               + "\n" for s in range(1, 21)) + '{"step": 21, "rew')  # a cut last line
+    steps = [{"step": s, "reward_mean": s / 10, "eval_prompts_in_batch": 0} for s in range(1, 21)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps) + '{"step": 21, "rew')  # cut last
     (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "pass@1": p, "wall_time": launched + w})
                                             + "\n" for s, p, w in [(0, 0.1, 30.0), (20, 0.6, 90.0)]))
     answers = [{"question": "Calculate -95 / 95.", "response": "(-95 / 95)", "score": 1.0},  # restated, scored
