@@ -109,7 +109,9 @@ def compare(path: str, shape: str, before: str) -> dict:
     for name, tree in (("before", str(Path(before).resolve())), ("after", here)):
         code = (f"import sys, runpy; sys.argv = ['checkpoint', '--final', '--shape', {shape!r}, '--model', {path!r}]; "
                 f"runpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')")
-        env = {**os.environ, "PYTHONPATH": tree}
+        # the tree's asyncrl first; this checkout's bench (a --before tree may hold asyncrl alone) and the
+        # caller's path after it
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (tree, here, os.environ.get("PYTHONPATH")) if p)}
         proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{name} ({tree}) failed:\n{proc.stderr[-3000:]}")
