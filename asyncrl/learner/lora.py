@@ -21,6 +21,8 @@ The rest of the learner sees adapters only through these functions:
                                   version sends A, B and the trained base tensors (norms), a joining generator gets
                                   the base and the adapters;
                                   the engine merges from its pristine base (asyncrl/engine/torch/adapter_merge.py)
+    adapters_off                  the wrapped linears compute the frozen base alone, inside a `with` block (the
+                                  KL reference pass, lora_reference.py)
     peft_state_dict / peft_config an adapter folder in PEFT's layout (asyncrl/models/peft_adapter.py)
     check_targets                 the target and trainable names against a model folder, without loading weights
                                   (preflight)
@@ -28,6 +30,7 @@ The rest of the learner sees adapters only through these functions:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -58,9 +61,12 @@ class LoraLinear(nn.Module):
         with torch.no_grad():
             self.lora_A.uniform_(-bound, bound)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.adapter_on = True  # False inside `adapters_off`: the frozen base alone
 
     def forward(self, x: Tensor) -> Tensor:
         """x [..., in] -> [..., out]; the adapters run in the base weight's (compute) dtype."""
+        if not self.adapter_on:
+            return F.linear(x, self.weight, self.bias)
         dtype = self.weight.dtype
         low = F.linear(self.dropout(x), self.lora_A.to(dtype))  # [..., r]
         return F.linear(x, self.weight, self.bias) + self.scale * F.linear(low, self.lora_B.to(dtype))
@@ -97,6 +103,23 @@ def apply(model: nn.Module, targets: Sequence[str], rank: int, alpha: float, dro
         wrapped[path] = LoraLinear(getattr(owner, child), rank, alpha, dropout)
         setattr(owner, child, wrapped[path])
     return wrapped
+
+
+@contextlib.contextmanager
+def adapters_off(modules: Iterable[LoraLinear]) -> Iterator[None]:
+    """Inside the block every module of `modules` computes x W^T + b alone (no adapter GEMM); each is switched
+    back on when the block ends, however it ends. Compiled layers guard on the flag: the first pass with
+    the adapters off compiles each layer's graph once more."""
+    switched = []
+    try:
+        for module in modules:
+            if module.adapter_on:
+                module.adapter_on = False
+                switched.append(module)
+        yield
+    finally:
+        for module in switched:
+            module.adapter_on = True
 
 
 def is_adapter(name: str) -> bool:

@@ -1,5 +1,6 @@
-"""The learner's Trainer: owns the policy (FSDP2), the frozen reference model (only when kl_coef > 0), the
-optimizer and the schedule; one `train_step` per hub batch.
+"""The learner's Trainer: owns the policy (FSDP2), the frozen reference model (only when kl_coef > 0; with LoRA
+the policy itself with its adapters off, lora_reference.py), the optimizer and the schedule; one `train_step` per
+hub batch.
 
 One learner step, on every rank (each gets the whole batch; prepare.py deals whole groups to ranks):
 
@@ -51,6 +52,7 @@ from asyncrl.learner import export as exp
 from asyncrl.learner import fsdp, lean_attention, lora, losses, optim, residual_stream
 from asyncrl.learner.batch_tensors import LossInputs, MicroBatch, OldPass, to_device
 from asyncrl.learner.config import LearnerConfig
+from asyncrl.learner.lora_reference import LoraReference
 from asyncrl.learner.loss_scale import LossScale
 from asyncrl.learner.model import PolicyModel, load_hf
 from asyncrl.learner.prepare import PreparedBatch, prepare_batch
@@ -85,10 +87,13 @@ class Trainer:
         self.lora_trainable: list[str] = []  # HF names of the base parameters trained beside the adapters
         self.policy = self._build(model_path, cfg.recipe.value_head, trainable=True)
         self.policy.train()  # every module (from_pretrained leaves the HF model in eval); _update keeps it so
-        self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 else None
+        # KL reference: a second, frozen model; with LoRA none, the policy in reference mode (`lora_ref`)
+        self.ref = self._build(model_path, False, trainable=False) if cfg.kl_coef > 0 and not self.lora else None
         # Captured while FSDP2 holds the masters (fp32 DTensors); on one rank the modules' own parameters are the
         # unsharded compute-dtype copy from the first forward on (fsdp.ComputeCopy).
         self.masters = list(self.policy.hf.named_parameters())
+        self.lora_ref = (LoraReference(self.policy, self.lora.values(), self.masters, self.lora_trainable)
+                         if cfg.kl_coef > 0 and self.lora else None)
         self.compute_copy = fsdp.ComputeCopy(self.policy)
         self.optimizer = optim.build_optimizer(self.policy.parameters(), cfg)
         self.scheduler = optim.build_scheduler(self.optimizer, cfg)
@@ -171,7 +176,7 @@ class Trainer:
         """The proximal logprobs can come from the update's own forward: one mini-batch (so its forward runs
         on the weights before this step), and nothing reads them before the update (KL-in-reward does)."""
         return (self.cfg.off_policy != "none" and len(prep.mini_batches) == 1
-                and not (self.cfg.kl_in_reward and self.ref is not None))
+                and not (self.cfg.kl_in_reward and self.cfg.kl_coef > 0))
 
     @torch.no_grad()
     def _old_pass(self, prep: PreparedBatch, batch: records.Batch, source: str) -> list[OldPass]:
@@ -180,17 +185,28 @@ class Trainer:
         forward = source == "pass" or self.cfg.recipe.value_head
         if forward:  # eval() / train() walk every module: ~2 ms of host time before the step's first kernel
             self.policy.eval()
-        if self.ref is not None:
-            self.ref.eval()
-        return [self._old(mb, source, forward, rescored) for mb in prep.micro_batches()]
+        mbs = prep.micro_batches()
+        refs = self._ref_logprobs(mbs)  # [micro-batch] of [n] or None
+        return [self._old(mb, source, forward, rescored, ref) for mb, ref in zip(mbs, refs)]
 
-    def _old(self, mb: MicroBatch, source: str, forward: bool, rescored: dict[int, np.ndarray] | None) -> OldPass:
+    def _old(self, mb: MicroBatch, source: str, forward: bool, rescored: dict[int, np.ndarray] | None,
+             ref: Tensor | None) -> OldPass:
         logp, _, values = self._forward(self.policy, mb) if forward else (None, None, None)
         prox = {"behaviour": mb.behav_logp, "pass": logp, "update": None}.get(source)
         if rescored is not None:
             prox = _packed_logprobs(mb, rescored)
-        ref = self._forward(self.ref, mb)[0] if self.ref is not None else None
         return OldPass(prox_logp=prox, values=values, ref_logp=ref)
+
+    def _ref_logprobs(self, mbs: list[MicroBatch]) -> list[Tensor | None]:
+        """The reference policy's logprobs [n] of every micro-batch (kl_coef > 0; else Nones): the frozen reference
+        model's, or with LoRA the policy's own in reference mode (adapters off, pristine norms: lora_reference.py)."""
+        if self.ref is not None:
+            self.ref.eval()
+            return [self._forward(self.ref, mb)[0] for mb in mbs]
+        if self.lora_ref is None:
+            return [None] * len(mbs)
+        with self.lora_ref.mode():
+            return [self._forward(self.policy, mb)[0] for mb in mbs]
 
     def _rescore(self, prep: PreparedBatch, batch: records.Batch) -> dict[int, np.ndarray]:
         """Deterministic mode: this rank's samples scored by the generator's engine code on these weights."""
@@ -214,7 +230,7 @@ class Trainer:
         lens = torch.from_numpy(prep.table.trained_len[rows])  # [B] host
         rewards = adv.host_to(self.dist.device, torch.from_numpy(prep.table.reward[rows].astype(np.float32)))  # [B]
         kl = values = None
-        if cfg.kl_in_reward and self.ref is not None:
+        if cfg.kl_in_reward and cfg.kl_coef > 0:
             kl = _trained([losses.kl_k1(o.prox_logp, o.ref_logp) for o in olds], mbs, self.dist.device)  # [N]
         if cfg.recipe.value_head:
             values = _trained([o.values for o in olds], mbs, self.dist.device)  # [N]
