@@ -136,7 +136,7 @@ class OldPass:
     prox_logp: Tensor | None  # the proximal ("old") policy's logprobs; None only when the update's own forward
     # is the proximal policy (prox source "update": one mini-batch), which the trainer knows before the pass
     values: Tensor | None  # the critic's values (value head only)
-    ref_logp: Tensor | None  # the reference model's logprobs (kl_coef > 0 only)
+    ref_logp: Tensor | None  # the reference policy's logprobs (kl_coef > 0 only; with LoRA: lora_reference.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,7 +133,9 @@ class LearnerConfig:
     smaller batch. auto: the recipe's (true for dapo) with the accuracy filter. Needs filter_groups accuracy (the
     hub sees raw rewards only)."""
     kl_coef: float = 0.0
-    """Weight of the KL to the frozen reference model (0: no reference model is loaded)."""
+    """Weight of the KL to the frozen reference model (0: no reference model is loaded). With LoRA (lora_rank > 0)
+    no second model is loaded either: the reference is the policy's own frozen base, its adapters switched off and
+    its `lora_trainable` tensors at their values from the model path (docs/lora.md)."""
     kl_clamp: float = 10.0
     """The k3 KL term is clamped to [-kl_clamp, kl_clamp] per token (verl: 10); 0 disables."""
     kl_in_reward: bool = False

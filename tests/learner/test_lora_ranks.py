@@ -1,5 +1,6 @@
 """LoRA under FSDP2 over 2 CPU ranks (gloo): the same step as one process, and its adapter-only checkpoint
-resumes on 2 ranks and loads into 1."""
+resumes on 2 ranks and loads into 1; with kl_coef > 0 the reference (the policy with its adapters off and each
+rank's shard of the norms pristine) gives one process's KL."""
 
 import pytest
 import torch
@@ -39,3 +40,21 @@ def test_two_ranks_match_one(tiny_model, tmp_path):
     other.load_checkpoint(got["ckpt"])
     for k, v in params_snapshot(other).items():
         torch.testing.assert_close(v, got["params"][k], atol=0, rtol=0, msg=k)
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_reference_matches_one(tiny_model, tmp_path):
+    """Each rank sets its own shard of the norms' fp32 masters to the model path's values for the reference pass
+    (lora_reference.py): step 2's KL, after step 1 moved the adapters and the norms, is one process's."""
+    cfg = {**CFG, "kl_coef": 0.1}
+    mp.spawn(fsdp_worker, args=(2, f"file://{tmp_path / 'pg-store'}", str(tiny_model), str(tmp_path), cfg),
+             nprocs=2, join=True)
+    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+
+    single = Trainer(LearnerConfig(**cfg), str(tiny_model), device="cpu")
+    m1 = single.train_step(make_batch(seed=5, groups=3, n=4))
+    m2 = single.train_step(make_batch(seed=6, groups=3, n=4, step=2))
+    assert got["m1"]["kl"] == m1["kl"] == 0.0 and m2["kl"] > 0
+    for k in ("kl", "kl_loss", "loss", "grad_norm"):
+        assert got["m2"][k] == pytest.approx(m2[k], rel=1e-5, abs=1e-9), k  # a leaked norm: 1.5e-3 off
+        assert got["m2b"][k] == pytest.approx(got["m2"][k], rel=1e-6, abs=1e-9), k  # resumed on 2 ranks

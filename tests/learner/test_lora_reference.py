@@ -42,14 +42,14 @@ def logprobs(t: Trainer, mb: MicroBatch) -> Tensor:
     return t._forward(t.policy, mb)[0]
 
 
-def record_old_passes(monkeypatch) -> list[tuple[list[MicroBatch], list[Tensor]]]:
-    """Every old pass's (micro-batches, reference logprobs [n] per micro-batch)."""
+def record_old_passes(monkeypatch) -> list[tuple[list[MicroBatch], list[Tensor], list[Tensor | None]]]:
+    """Every old pass's (micro-batches, reference logprobs [n], proximal logprobs [n] or None per micro-batch)."""
     seen = []
     old_pass = Trainer._old_pass
 
     def spy(self, prep, batch, source):
         olds = old_pass(self, prep, batch, source)
-        seen.append((prep.micro_batches(), [o.ref_logp for o in olds]))
+        seen.append((prep.micro_batches(), [o.ref_logp for o in olds], [o.prox_logp for o in olds]))
         return olds
 
     monkeypatch.setattr(Trainer, "_old_pass", spy)
@@ -67,7 +67,7 @@ def test_reference_logprobs_are_the_plain_models_after_training(tiny_model, monk
     for name in t.lora_trainable:  # the old pass of step 3 ran on trained norms...
         assert not torch.equal(trained[name], pristine[name]), name
     assert all(torch.any(m.lora_B != 0) for m in t.lora.values())  # ...and trained adapters
-    mbs, refs = seen[-1]
+    mbs, refs, _ = seen[-1]
     for mb, ref in zip(mbs, refs, strict=True):
         assert torch.equal(ref, logprobs(fresh, mb))
         torch.testing.assert_close(ref, logprobs(plain, mb), atol=1e-5, rtol=0)  # plain: one q/k/v GEMM
@@ -177,3 +177,22 @@ def test_kl_with_lora_trains_and_resumes_exactly(tiny_model, tmp_path, kw):
     for a, b in zip(want, got, strict=True):
         assert {k: v for k, v in a.items() if k != "step_time_s"} == {k: v for k, v in b.items() if k != "step_time_s"}
     assert want[-1]["kl"] > 0
+
+
+@pytest.mark.slow  # compiles on the CPU: ~15 s on 2 cores
+def test_compiled_layers_keep_the_reference_and_the_policy_apart(tiny_model, monkeypatch):
+    """learner.compile: the reference pass and the policy's own no-grad pass (two mini-batches: proximal logprobs
+    from a pass) differ only in the adapters' flag, on which the compiled layers guard. Each matches the eager
+    run's. (sdpa: the CPU compile of the varlen path fails in Inductor, with or without LoRA.)"""
+    cfg = {**KL, "attn_implementation": "sdpa", "mini_batches": 2, "off_policy": "decoupled"}
+    runs = {}
+    for compiled in (False, True):
+        seen = runs[compiled] = record_old_passes(monkeypatch)
+        train(trainer(tiny_model, **cfg, compile=compiled), range(1, 3))
+        monkeypatch.undo()
+    for (_, refs, proxes), (_, eager_refs, eager_proxes) in zip(runs[True], runs[False], strict=True):
+        for ref, prox, eager_ref, eager_prox in zip(refs, proxes, eager_refs, eager_proxes, strict=True):
+            torch.testing.assert_close(ref, eager_ref, atol=1e-5, rtol=0)
+            torch.testing.assert_close(prox, eager_prox, atol=1e-5, rtol=0)
+    _, refs, proxes = runs[True][-1]
+    assert all((r - p).abs().max() > 1e-3 for r, p in zip(refs, proxes))  # step 2: the adapters have moved
