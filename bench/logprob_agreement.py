@@ -16,7 +16,9 @@ agreement of each ("adapter_push", "full_push"), their ratio adapter / full, whe
 are equal bit for bit (which parameters differ, if any), and how far the adapters moved the logprobs from the
 base model's ("lora_shift_mean_abs"). The tiny shape runs on CPU:
 
-    python -m bench.logprob_agreement --shape tiny --prompts 8 --prompt-len 16 --output-len 32 --lora-rank 8
+    python -m bench.logprob_agreement --shape tiny --prompts 8 --prompt-len 16 --output-len 48 --lora-rank 8
+
+Results: docs/engine-perf.md (without LoRA, GPU); docs/lora.md (with LoRA: CPU so far, 2026-12-05).
 """
 
 from __future__ import annotations
