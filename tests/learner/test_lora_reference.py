@@ -196,3 +196,29 @@ def test_compiled_layers_keep_the_reference_and_the_policy_apart(tiny_model, mon
             torch.testing.assert_close(prox, eager_prox, atol=1e-5, rtol=0)
     _, refs, proxes = runs[True][-1]
     assert all((r - p).abs().max() > 1e-3 for r, p in zip(refs, proxes))  # step 2: the adapters have moved
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.timeout(300)
+def test_gpu_bf16_compiled_reference_is_the_fresh_base(tiny_model, monkeypatch):
+    """One GPU: FSDP2 bf16, compiled layers, the default attention: after training has moved the adapters and the
+    norms, the reference logprobs of the last step are a fresh LoRA trainer's (B = 0, the model path's norms) bit
+    for bit, the policy's own logprobs come back unchanged after a reference pass, and kl > 0."""
+    seen = record_old_passes(monkeypatch)
+    cfg = {**KL, "compile": True}
+    t = Trainer(LearnerConfig(**cfg), str(tiny_model), device="cuda:0", dtype="bfloat16")
+    metrics = [t.train_step(make_batch(seed=s, step=s)) for s in range(1, 4)]
+    assert metrics[0]["kl"] == 0.0 and metrics[-1]["kl"] > 0
+    mbs, refs, _ = seen[-1]
+    fresh = Trainer(LearnerConfig(**cfg), str(tiny_model), device="cuda:0", dtype="bfloat16")
+    for mb, ref in zip(mbs, refs, strict=True):
+        before = logprobs(t, mb)
+        with t.lora_ref.mode():
+            again = t._forward(t.policy, mb)[0]
+        assert torch.equal(again, ref)
+        assert torch.equal(logprobs(t, mb), before)
+        assert (ref - before).float().abs().max() > 1e-3  # the policy moved away from its reference
+        assert torch.equal(ref, logprobs(fresh, mb))
+    if dist.is_initialized():
+        dist.destroy_process_group()
