@@ -36,12 +36,19 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from asyncrl.engine.torch.kernels import lora_merge
+
 ADAPTER_LEAVES = ("lora_A", "lora_B")
 
 
 @torch.no_grad()
 def merge(weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float) -> Tensor:
-    """W [out, in] + scale * B [out, r] @ A [r, in] -> [out, in] fp32 (a new tensor: W is left as it is)."""
+    """W [out, in] + scale * B [out, r] @ A [r, in] -> [out, in] fp32 (a new tensor: W is left as it is). On a GPU
+    the fused kernel (kernels/lora_merge.py), on a CPU the torch form."""
+    if lora_merge.usable(weight, lora_a, lora_b):
+        out = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+        lora_merge.merge_into(out, weight.contiguous(), lora_a.contiguous(), lora_b.contiguous(), scale)
+        return out
     return weight.float() + scale * (lora_b.float() @ lora_a.float())
 
 
@@ -53,7 +60,18 @@ def merge_into(out: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tensor, scal
     written and read again); this moves 12 (B @ A written, then read once with W and rounded into `out`), 20
     when the scale is no power of two. The same roundings: a power-of-two scale multiplies A exactly
     (B @ (2^k A) is 2^k (B @ A) in every partial sum), any other scales the product in place as merge does,
-    the addition is commutative, and `add(..., out=)` rounds the fp32 sum to out's dtype as copy_ does."""
+    the addition is commutative, and `add(..., out=)` rounds the fp32 sum to out's dtype as copy_ does.
+    On a GPU both go through the fused kernel instead (4 bytes an element, kernels/lora_merge.py), whose sum
+    `merge` returns in fp32 and this rounds once, so the two still agree bit for bit there."""
+    if lora_merge.usable(out, weight, lora_a, lora_b):
+        lora_merge.merge_into(out, weight, lora_a.contiguous(), lora_b.contiguous(), scale)
+    else:
+        merge_into_torch(out, weight, lora_a, lora_b, scale)
+
+
+@torch.no_grad()
+def merge_into_torch(out: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float) -> None:
+    """merge_into's torch form (a CPU's; on a GPU the form before the kernel, which bench.adapter_merge times)."""
     a = lora_a.float()
     exact = _power_of_two(scale)
     prod = lora_b.float() @ (a * scale if exact else a)  # [out, in] fp32
@@ -105,7 +123,19 @@ class AdapterMerge:
         return sum(t.pristine.numel() * t.pristine.element_size() for t in self.targets.values())
 
     def take(self, named: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
-        """The stream minus what this class keeps (adapters, and targeted weights: the pristine base)."""
+        """The stream minus what this class keeps (adapters, and targeted weights: the pristine base). The adapters
+        are copied into buffers kept from one push to the next, all of a stream in one multi-tensor copy when it
+        ends (also when the consumer stops early), not one copy call each: an adapter push is hundreds of small
+        tensors, and a call each was most of the engine's host time in it."""
+        copies: list[tuple[Tensor, Tensor]] = []  # (kept buffer, the stream's tensor: a view of a receive buffer)
+        try:
+            yield from self._take(named, copies)
+        finally:
+            if copies:
+                torch._foreach_copy_([dst for dst, _ in copies], [src for _, src in copies])
+
+    def _take(self, named: Iterable[tuple[str, Tensor]], copies: list[tuple[Tensor, Tensor]]
+              ) -> Iterator[tuple[str, Tensor]]:
         for name, t in named:
             path, _, leaf = name.rpartition(".")
             target = self.targets.get(path)
@@ -121,7 +151,11 @@ class AdapterMerge:
                 target.changed = True
             elif leaf in ADAPTER_LEAVES:
                 _check_adapter(name, leaf, t, target.pristine.shape)
-                target.adapters[leaf] = t.to(target.pristine.device, torch.float32, copy=True)
+                kept = target.adapters.get(leaf)
+                if kept is None or kept.shape != t.shape:  # the first push, or a new rank
+                    kept = target.adapters[leaf] = torch.empty(t.shape, dtype=torch.float32,
+                                                               device=target.pristine.device)
+                copies.append((kept, t.to(kept.device)))
                 target.changed = True
             else:
                 yield name, t  # the bias: frozen, loaded as it is
