@@ -55,8 +55,11 @@ def test_gpu_kernel_merges_as_fp32_does_and_both_entry_points_agree(dtype, m, n,
     got = torch.full_like(w0, float("nan"))
     merge_into(got, w0, a, b, scale)
     assert torch.equal(got, summed.to(dtype))
-    assert ((got.double() - exact).abs() <= torch.finfo(dtype).eps * exact.abs()).all()  # within one ulp
-    assert (got == exact.to(dtype)).double().mean() > 0.99  # and nearly always the fp64 sum rounded
+    # within one ulp of the exact sum, plus the fp32 sum's own error where W and the product nearly cancel
+    floor = 1e-6 * (w0.double().abs() + scale * (b.double().abs() @ a.double().abs()))
+    assert ((got.double() - exact).abs() <= torch.finfo(dtype).eps * exact.abs() + floor).all()
+    if dtype != torch.float32:  # nearly always the fp64 sum rounded (fp32 itself keeps its sum's last bits)
+        assert (got == exact.to(dtype)).double().mean() > 0.99
     fused = torch.zeros(3 * m, n, dtype=dtype, device="cuda")  # a row block of a fused weight, in place
     merge_into(fused[m:2 * m], w0, a, b, scale)
     assert torch.equal(fused[m:2 * m], got) and not fused[:m].any() and not fused[2 * m:].any()
