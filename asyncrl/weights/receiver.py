@@ -157,7 +157,7 @@ class WeightReceiver:
     def _update(self, begin: WeightBegin) -> UpdateResult:
         """pause -> begin -> per bucket (receive, load, ack) -> end(version) -> resume -> ack."""
         t0 = time.perf_counter()
-        timings = {"pause_s": 0.0, "recv_s": 0.0, "load_s": 0.0}
+        timings = {"pause_s": 0.0, "recv_s": 0.0, "load_s": 0.0, "apply_s": 0.0}
         aborted: list[GenerationOutput] = []
         try:
             if self._transport is None:
@@ -168,7 +168,7 @@ class WeightReceiver:
                 self.engine.begin_weight_update()
                 self._session_open = True
             self._receive_buckets(begin.version, timings)
-            self.engine.end_weight_update(begin.version)
+            self._end_update(begin.version, timings)
             self._session_open = False
             self.engine.resume()
         except Exception as e:
@@ -195,9 +195,7 @@ class WeightReceiver:
                     raise WeightUpdateError(f"WeightEnd for v{msg.version} inside the update to v{version}")
                 while pending:
                     self._finish(pending.popleft(), version, timings)
-                if self.device.type == "cuda":
-                    torch.cuda.current_stream(self.device).synchronize()  # every load landed before the Ack
-                return
+                return  # _end_update waits for the loads, with what end_weight_update queues behind them
             if not isinstance(msg, WeightBucket) or msg.version != version:
                 raise WeightUpdateError(f"expected WeightBucket/WeightEnd of v{version}, got {_describe(msg)}")
             posted = self._post(msg, index, timings)
@@ -206,6 +204,16 @@ class WeightReceiver:
             else:
                 self._send(Ack(info={"stage": "bucket", "version": version, "bucket": index}))
             index += 1
+
+    def _end_update(self, version: int, timings: dict[str, float]) -> None:
+        """end_weight_update (a LoRA engine merges its adapters there, an FP8 one requantizes), then wait for the
+        device: every load and that work landed before the Ack (the learner may reuse what was read) and inside
+        the paused time (the next decode step would wait for it on the stream anyway). apply_s: the two."""
+        t = time.perf_counter()
+        self.engine.end_weight_update(version)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        timings["apply_s"] = time.perf_counter() - t
 
     def _next_message(self, pending: deque[_Posted]) -> Any:
         """The next learner message, or None once the oldest posted bucket's bytes arrived (or the window is

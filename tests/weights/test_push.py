@@ -55,6 +55,19 @@ def assert_has(result: dict, sd) -> None:
     assert result["weights"] == {k: fingerprint(v) for k, v in sd.items()}  # every tensor, bit-exact
 
 
+def test_the_work_end_weight_update_does_is_timed_and_inside_the_pause():
+    """An engine's end of update (adapter merges, FP8 requantization) is reported as apply_s and counted in the
+    paused time: the generator decodes nothing until it is done."""
+    sender = WeightSender("tcp://127.0.0.1:0", bucket_bytes=1 << 20, pause_mode="continue", timeout_s=10.0)
+    with spawned(sender, ["g0"], end_s=0.2) as (_, out, _start):
+        assert sender.wait_for_joins(1, 30) == 1
+        report = sender.push(tiny_state_dict(seed=1).items(), version=1)
+        assert report.generators == ["g0"]
+        assert 0.2 <= report.apply_s < 5 and report.paused_s >= report.apply_s + report.load_s
+        assert report.as_dict()["apply_s"] == report.apply_s
+        assert results(out, ["g0"])["g0"]["timings"]["apply_s"] >= 0.2
+
+
 def test_push_round_trip_bit_exact_versioned_and_timed():
     sender = WeightSender("tcp://127.0.0.1:0", bucket_bytes=1024, pause_mode="abort", timeout_s=10.0)
     with spawned(sender, ["g0"]) as (_, out, _start):

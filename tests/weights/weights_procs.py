@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -30,8 +32,10 @@ def tiny_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
 class FakeEngine:
     """Records what the weight protocol does to an engine (the Engine Protocol's weight half)."""
 
-    def __init__(self, device: str = "cpu", fail_load_at_version: int | None = None, die_at_version: int | None = None):
+    def __init__(self, device: str = "cpu", fail_load_at_version: int | None = None, die_at_version: int | None = None,
+                 end_s: float = 0.0):
         self.device = device
+        self.end_s = end_s  # end_weight_update takes this long (an adapter merge, an FP8 requantization)
         self.die_at_version = die_at_version  # SIGKILL this process when the update to it begins
         self.weights: dict[str, torch.Tensor] = {}
         self.events: list[str] = []
@@ -73,6 +77,7 @@ class FakeEngine:
         self.events.append("load")
 
     def end_weight_update(self, version: int) -> None:
+        time.sleep(self.end_s)
         self._version = version
         self.events.append(f"end:{version}")
 
@@ -81,11 +86,11 @@ class FakeEngine:
 
 
 def run_generator(endpoint: str, name: str, out_q, stop, device: str = "cpu", fail_load_at_version=None,
-                  die_at_version=None) -> None:
+                  die_at_version=None, end_s: float = 0.0) -> None:
     """A generator loop: poll between (fake) decode steps, report every update result to the test."""
     from asyncrl.weights.receiver import WeightReceiver
 
-    engine = FakeEngine(device, fail_load_at_version, die_at_version)
+    engine = FakeEngine(device, fail_load_at_version, die_at_version, end_s)
     rx = WeightReceiver(endpoint, name, device, engine, timeout_s=10.0)
     try:
         while not stop.is_set():
