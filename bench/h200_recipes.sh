@@ -16,6 +16,12 @@
 # Calls that worked (2026-12-04): 1) carry .whl + .part_a: `env` then `part_a`; 2) carry .part_b: `part_b`;
 # 3) carry .part_c: `model`, then `bench.recipes start` and `collect --wait` in the same call (a 10-minute
 # recipe ends in the next call: the runs live in their own sessions while the machine stays warm, ~30 s idle).
+# 2026-12-05: four runs died with the machine at minute 8 because the follow-up call came after the idle window.
+# Have the next call written before the one running returns, send it at once, and read the output afterwards. An
+# arithmetic pair fits one call after the model call: `start` then `collect --wait 560` brings back every
+# evaluation round up to ~9:20 (the bar is a round >= 0.60 within 10 minutes; only the final round is missed).
+# At most two runs on the GPU at a time: four (micro_batch_tokens 16384, 107 GB) fit but slow each to ~1.44
+# steps/s from ~2.05.
 set -euo pipefail
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 M=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
