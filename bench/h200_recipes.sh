@@ -18,7 +18,7 @@
 # recipe ends in the next call: the runs live in their own sessions while the machine stays warm, ~30 s idle).
 # 2026-12-05: four runs died with the machine at minute 8 because the follow-up call came after the idle window.
 # Have the next call written before the one running returns, send it at once, and read the output afterwards. An
-# arithmetic pair fits one call after the model call: `start` then `collect --wait 560` brings back every
+# arithmetic pair fits one call after the model call: `start` then `collect --wait 560 --every 60` brings back every
 # evaluation round up to ~9:20 (the bar is a round >= 0.60 within 10 minutes; only the final round is missed).
 # At most two runs on the GPU at a time: four (micro_batch_tokens 16384, 107 GB) fit but slow each to ~1.44
 # steps/s from ~2.05.

@@ -1,7 +1,7 @@
 """Recipe runs side by side: launch whole runs (`python -m launch`) at once, then read what they learned.
 
     python -m bench.recipes start --out DIR --run NAME=CONFIG [--run ...] [--set KEY=VALUE] [--set NAME:KEY=VALUE]
-    python -m bench.recipes collect --out DIR [--wait S] [--dest DIR]
+    python -m bench.recipes collect --out DIR [--wait S] [--dest DIR] [--every S]
 
 `start` launches each run in its own process session (so it outlives the calling shell, e.g. across two
 device calls) with run directory DIR/NAME, and records the launch time. `collect` waits (at most --wait
@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--out", required=True)
     c.add_argument("--wait", type=float, default=0.0, help="seconds to wait for runs still going")
     c.add_argument("--dest", help="folder for results.json, results.md and the curve PNGs")
+    c.add_argument("--every", type=float, default=0.0, metavar="S",
+                   help="also write --dest every S seconds while waiting (what a cut-off call brings back)")
     return p.parse_args(argv)
 
 
@@ -68,15 +70,29 @@ def _scoped(s: str) -> bool:
     return ":" in head
 
 
-def collect(out: Path, wait_s: float, dest: Path | None) -> list[dict[str, Any]]:
+def collect(out: Path, wait_s: float, dest: Path | None, every_s: float = 0.0) -> list[dict[str, Any]]:
+    """Wait for the runs (at most wait_s), then summarize them into DIR/results.json and --dest. With every_s > 0,
+    also write --dest every every_s seconds while waiting: a device call cut off by its time limit, or by the
+    machine going away, still brings back what the last snapshot held."""
     metas = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "results.json"]
     deadline = time.time() + wait_s
+    snapshot = time.time() + every_s if every_s > 0 and dest is not None else float("inf")
     while any(_alive(m["pid"]) for m in metas) and time.time() < deadline:
-        time.sleep(5)
+        time.sleep(min(5.0, every_s) if every_s > 0 else 5.0)
+        if time.time() >= snapshot:
+            _write(out, dest, [summarize(out, m) for m in metas], quiet=True)
+            snapshot = time.time() + every_s
     results = [summarize(out, m) for m in metas]
+    _write(out, dest, results)
+    return results
+
+
+def _write(out: Path, dest: Path | None, results: list[dict[str, Any]], quiet: bool = False) -> None:
+    """results.json in the runs' folder; with dest, results.json, results.md, each run's curve and runs.tgz."""
     (out / "results.json").write_text(json.dumps(results, indent=1))
     text = "\n\n".join(render(r) for r in results)
-    print(text, flush=True)
+    if not quiet:
+        print(text, flush=True)
     if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copy(out / "results.json", dest / "results.json")
@@ -84,7 +100,6 @@ def collect(out: Path, wait_s: float, dest: Path | None) -> list[dict[str, Any]]
         for r in results:
             _plot(out / r["name"], dest / f"{r['name']}.png")
         _pack(out, [r["name"] for r in results], dest / "runs.tgz")
-    return results
 
 
 RUN_FILES = ("metrics.jsonl", "eval.jsonl", "eval_responses.jsonl", "summary.json", "config.json")
@@ -207,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "start":
         start(Path(args.out), args.run, args.set)
     else:
-        collect(Path(args.out), args.wait, Path(args.dest) if args.dest else None)
+        collect(Path(args.out), args.wait, Path(args.dest) if args.dest else None, args.every)
     return 0
 
 

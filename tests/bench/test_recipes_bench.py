@@ -4,6 +4,7 @@ file that packs each run's records (what a device call brings back)."""
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -41,3 +42,25 @@ def test_collect_summarizes_and_packs_each_run(tmp_path, monkeypatch):
     with tarfile.open(dest / "runs.tgz") as tar:
         assert sorted(tar.getnames()) == ["a1.log", "a1/eval.jsonl", "a1/eval_responses.jsonl", "a1/metrics.jsonl",
                                           "a1/summary.json"]
+
+
+def test_collect_writes_snapshots_while_runs_go_on(tmp_path, monkeypatch):
+    """--every: while a run is alive, --dest is rewritten (quietly) every S seconds, so a cut-off call still
+    brings back its last snapshot; the final write comes when the wait ends."""
+    monkeypatch.setattr(recipes, "_plot", lambda run, png: None)
+    out, dest = tmp_path / "out", tmp_path / "dest"
+    write_run(out, "a1", launched=1000.0)
+    meta = json.loads((out / "a1.json").read_text())
+    (out / "a1.json").write_text(json.dumps({**meta, "pid": os.getpid()}))  # alive for the whole wait
+    writes = []
+    real = recipes._write
+
+    def spy(out_, dest_, results, quiet=False):
+        writes.append((quiet, (dest_ / "results.json").exists()))
+        real(out_, dest_, results, quiet)
+
+    monkeypatch.setattr(recipes, "_write", spy)
+    recipes.collect(out, wait_s=0.6, dest=dest, every_s=0.1)
+    assert len(writes) >= 3 and all(q for q, _ in writes[:-1]) and writes[-1][0] is False
+    assert writes[1][1]  # the first snapshot was on disk before the wait ended
+    assert (dest / "runs.tgz").exists()
