@@ -21,16 +21,15 @@ import torch
 
 from asyncrl.engine.torch.adapter_merge import merge_into_torch
 from asyncrl.engine.torch.kernels import lora_merge
-
-# hidden, intermediate, key/value width (kv heads x head dim), layers
-SHAPES = {"0.5b": (896, 4864, 128, 24), "1.5b": (1536, 8960, 256, 28), "7b": (3584, 18944, 512, 28)}
+from bench.make_model import SHAPES
 
 
 def targets(shape: str) -> list[tuple[int, int]]:
-    """[out, in] of every targeted linear of the shape, layer by layer."""
-    h, inter, kv, layers = SHAPES[shape]
+    """[out, in] of every targeted linear of the shape (bench.make_model's), layer by layer."""
+    s = SHAPES[shape]
+    h, inter, kv = s.hidden, s.intermediate, s.kv_heads * (s.hidden // s.heads)  # kv: key/value width
     one = [(h, h), (kv, h), (kv, h), (h, h), (inter, h), (inter, h), (h, inter)]  # q k v o gate up down
-    return one * layers
+    return one * s.layers
 
 
 def timed(fn, pieces) -> tuple[float, float]:

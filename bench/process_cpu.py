@@ -10,10 +10,15 @@ from pathlib import Path
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a live process has used (Linux), 0.0 where unknown."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _stat_cpu(Path(f"/proc/{pid}/stat").read_text())
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def _stat_cpu(stat: str) -> float:
+    """User + system CPU seconds in the text of a /proc .../stat file (fields after the command's parenthesis)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -28,11 +33,11 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     for tid in tids:
         try:
             comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
         kind = "loop" if int(tid) == pid else "zmq" if comm.startswith("ZMQ") else "journal"
-        out[kind] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[kind] += _stat_cpu(stat)
     return out
 
 

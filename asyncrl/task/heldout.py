@@ -85,8 +85,7 @@ def rg_heldout(cfg: TaskConfig, count: int) -> list[reasoning_gym.Problem]:
 def rg_training(cfg: TaskConfig, heldout: int) -> list[reasoning_gym.Problem]:
     """The task.size training problems less those whose question is one of the `heldout` held-out ones."""
     exclude = {p.question for p in rg_heldout(cfg, heldout)} if heldout else set()
-    train = [p for p in reasoning_gym.problems(cfg, reasoning_gym.mix_seed(cfg.seed), cfg.size)
-             if p.question not in exclude]
+    train = [p for p in reasoning_gym.training_problems(cfg) if p.question not in exclude]
     if not train:
         raise ValueError(f"eval.prompts={heldout}: every one of the task.size={cfg.size} training problems is a "
                          "held-out question; raise task.size, lower eval.prompts, or widen the tasks' config")

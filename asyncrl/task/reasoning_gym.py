@@ -71,6 +71,11 @@ def problems(cfg: TaskConfig, seed: int, size: int) -> Iterator[Problem]:
                       answer=None if answer is None else str(answer), params=params)
 
 
+def training_problems(cfg: TaskConfig) -> Iterator[Problem]:
+    """The task.size problems of the training mix, under mix_seed(task.seed), before any is held out."""
+    return problems(cfg, mix_seed(cfg.seed), cfg.size)
+
+
 def format_prompt(cfg: TaskConfig, question: str) -> str:
     """task.prompt_format with {question} replaced (other braces, e.g. \\boxed{}, are kept as written)."""
     return cfg.prompt_format.replace("{question}", question)
@@ -78,7 +83,7 @@ def format_prompt(cfg: TaskConfig, question: str) -> str:
 
 def check_tasks(cfg: TaskConfig) -> None:
     """Each task of the mix exists and accepts its options (its first problem is generated)."""
-    next(problems(cfg, mix_seed(cfg.seed), cfg.size), None)
+    next(training_problems(cfg), None)
 
 
 def entry(params: dict[str, Any]) -> dict[str, Any]:

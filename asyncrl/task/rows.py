@@ -26,7 +26,7 @@ def task_sampling(cfg: TaskConfig) -> SamplingParams:
 def training_rows(cfg: TaskConfig, encoder: PromptEncoder | None) -> Rows:
     """Every prompt of a jsonl, dataset or reasoning_gym task, before any is held out."""
     if cfg.name == "reasoning_gym":
-        return rg_rows(cfg, reasoning_gym.problems(cfg, reasoning_gym.mix_seed(cfg.seed), cfg.size), encoder)
+        return rg_rows(cfg, reasoning_gym.training_problems(cfg), encoder)
     return file_rows(cfg, cfg.path, encoder)
 
 
