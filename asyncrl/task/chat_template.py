@@ -18,9 +18,12 @@ class ChatTemplate:
             raise ValueError(f"task.chat_template = true, but the tokenizer at {tokenizer_path} has no chat template; "
                              "use an instruct/chat model's folder for model.path or set task.chat_template = false")
 
-    def encode(self, messages: list[Message]) -> list[int]:
-        """Token ids of `messages` followed by the assistant's generation prompt."""
+    def encode(self, messages: list[Message], response_prefix: str = "") -> list[int]:
+        """Token ids of `messages` followed by the assistant's generation prompt and then `response_prefix`
+        (task.response_prefix: the start of the assistant's turn, tokenized on its own so the template's ids
+        stay exactly what the template gives)."""
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers >= 5 may answer a BatchEncoding
             ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        prefix = self.tokenizer.encode(response_prefix, add_special_tokens=False) if response_prefix else []
+        return [int(t) for t in ids] + [int(t) for t in prefix]

@@ -64,6 +64,12 @@ class TaskConfig:
     prompt_format: str = "{question}"
     """reasoning_gym: the prompt text; "{question}" is replaced by the problem (other braces are kept as
     written), e.g. "{question}\\nGive the final answer as a number."."""
+    response_prefix: str = ""
+    """reasoning_gym: text the response starts with, written into the prompt after the chat template's
+    generation prompt (an assistant prefill); "{question}" and the problem's own metadata fields are filled in,
+    e.g. "{expression} =" for basic_arithmetic, so the model answers after an exact copy of the problem instead of
+    copying it itself. The model's tokens begin after it: rewards and the held-out check see only those. A field
+    the problem lacks is an error naming the fields it has, before any process starts. "" = none."""
     chat_template: bool = False
     """jsonl, dataset, reasoning_gym: wrap each text prompt as one user message and apply the tokenizer's own chat
     template (with the generation prompt); prompts then travel as token ids."""
@@ -93,6 +99,9 @@ class TaskConfig:
             raise ValueError(f'task.tasks is set but task.name = "{self.name}"; set task.name = "reasoning_gym" or drop task.tasks')
         if self.prompt_format != "{question}" and self.name != "reasoning_gym":
             raise ValueError(f'task.prompt_format applies to task.name = "reasoning_gym" only (task.name = "{self.name}"); '
+                             'remove it')
+        if self.response_prefix and self.name != "reasoning_gym":
+            raise ValueError(f'task.response_prefix applies to task.name = "reasoning_gym" only (task.name = "{self.name}"); '
                              'remove it')
         if self.eval_path and self.name not in ("jsonl", "dataset"):
             raise ValueError(f'task.eval_path applies to jsonl and dataset tasks (task.name = "{self.name}" holds out '

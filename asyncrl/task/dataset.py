@@ -22,7 +22,7 @@ Message = dict[str, str]
 class PromptEncoder(Protocol):
     """Turns chat messages into prompt token ids (asyncrl.task.chat_template.ChatTemplate)."""
 
-    def encode(self, messages: list[Message]) -> list[int]: ...
+    def encode(self, messages: list[Message], response_prefix: str = "") -> list[int]: ...
 
 
 def read_table(cfg: TaskConfig) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,6 +41,7 @@ class Problem:
     question: str
     answer: str | None
     params: dict[str, Any]  # RewardSpec.params
+    fields: dict[str, str] = dataclasses.field(default_factory=dict)  # the entry's scalar metadata, as text
 
 
 SEED_STRIDE = 10_000_019  # a prime past any mix's size plus the held-out offset (1_000_003)
@@ -68,7 +70,13 @@ def problems(cfg: TaskConfig, seed: int, size: int) -> Iterator[Problem]:
                   "rg_size": size, "rg_index": idx}
         answer = item.get("answer")
         yield Problem(index=idx, task=task.name, question=str(item["question"]),
-                      answer=None if answer is None else str(answer), params=params)
+                      answer=None if answer is None else str(answer), params=params, fields=_fields(item))
+
+
+def _fields(item: dict[str, Any]) -> dict[str, str]:
+    """An entry's scalar metadata as text (what task.response_prefix may name), e.g. {"expression": "2 - -1"}."""
+    meta = item.get("metadata") or {}
+    return {str(k): str(v) for k, v in meta.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
 
 
 def training_problems(cfg: TaskConfig) -> Iterator[Problem]:
@@ -81,9 +89,20 @@ def format_prompt(cfg: TaskConfig, question: str) -> str:
     return cfg.prompt_format.replace("{question}", question)
 
 
-def check_tasks(cfg: TaskConfig) -> None:
-    """Each task of the mix exists and accepts its options (its first problem is generated)."""
-    next(training_problems(cfg), None)
+_FIELD = re.compile(r"\{([A-Za-z_]\w*)\}")
+
+
+def format_response_prefix(cfg: TaskConfig, problem: Problem) -> str:
+    """task.response_prefix with {question} and the problem's metadata fields filled in ("" when unset)."""
+    values = {**problem.fields, "question": problem.question}
+
+    def fill(m: re.Match[str]) -> str:
+        if m.group(1) not in values:
+            raise ValueError(f"task.response_prefix={cfg.response_prefix!r} names {{{m.group(1)}}}, which reasoning-gym's "
+                             f"{problem.task} problems lack; their fields: {', '.join(sorted(values))}")
+        return values[m.group(1)]
+
+    return _FIELD.sub(fill, cfg.response_prefix)
 
 
 def entry(params: dict[str, Any]) -> dict[str, Any]:

@@ -42,7 +42,8 @@ def rg_rows(cfg: TaskConfig, items: Iterator[reasoning_gym.Problem] | list[reaso
     return [(p.index, templated(PromptRow(text=reasoning_gym.format_prompt(cfg, p.question), token_ids=None,
                                           target=p.answer, n=None, params=p.params, sampling={},
                                           metadata={"task": "reasoning_gym", "rg_task": p.task}),
-                                encoder, f"reasoning_gym {p.task} problem {p.index}"))
+                                encoder, f"reasoning_gym {p.task} problem {p.index}",
+                                reasoning_gym.format_response_prefix(cfg, p)))
             for p in items]
 
 
@@ -56,8 +57,11 @@ def task_encoder(cfg: TaskConfig, tokenizer_path: str | None) -> PromptEncoder |
     return ChatTemplate(tokenizer_path)
 
 
-def templated(row: PromptRow, encoder: PromptEncoder | None, where: str) -> PromptRow:
-    """A text row as the chat template's token ids (rows given as token ids are used as they are)."""
-    if encoder is None or row.text is None:
+def templated(row: PromptRow, encoder: PromptEncoder | None, where: str, response_prefix: str = "") -> PromptRow:
+    """A text row as the chat template's token ids, the response prefix (task.response_prefix) after the
+    generation prompt; without a template the prefix ends the text. Rows given as token ids are used as they are."""
+    if row.text is None:
         return row
-    return dataclasses.replace(row, text=None, token_ids=tuple(encoder.encode(as_messages(row.text, where))))
+    if encoder is None:
+        return dataclasses.replace(row, text=row.text + response_prefix) if response_prefix else row
+    return dataclasses.replace(row, text=None, token_ids=tuple(encoder.encode(as_messages(row.text, where), response_prefix)))

@@ -9,6 +9,7 @@ from itertools import islice
 
 import msgpack
 import pytest
+from transformers import AutoTokenizer
 
 from asyncrl.config.loader import ConfigError, from_dict
 from asyncrl.config.run import RunConfig
@@ -81,21 +82,51 @@ def test_prompt_format_keeps_other_braces():
         TaskConfig(prompt_format="x {question}")
 
 
-def test_chat_template(tmp_path):
+def _tokenizer(path):
+    """A character-level tokenizer with TEMPLATE as its chat template, saved at `path`."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {t: i for i, t in enumerate(SPECIALS + [chr(c) for c in range(32, 127)] + ["\n"])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.add_special_tokens(SPECIALS)
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", chat_template=TEMPLATE).save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", chat_template=TEMPLATE).save_pretrained(path)
+
+
+def test_chat_template(tmp_path):
+    _tokenizer(tmp_path)
     cfg = rg(chat_template=True, shuffle=False, prompt_format="{question}\nAnswer:")
     p = first(cfg, 1, tokenizer_path=str(tmp_path))[0]
     plain = first(rg(shuffle=False, prompt_format="{question}\nAnswer:"), 1)[0]
     spelled = "".join(AutoTokenizer.from_pretrained(tmp_path).convert_ids_to_tokens(p.token_ids.tolist()))
     assert p.text is None and spelled == f"<|user|>{plain.text}<|end|><|assistant|>"
     assert p.reward == plain.reward
+
+
+def test_response_prefix_is_filled_from_the_problem_and_ends_the_prompt(tmp_path):
+    _tokenizer(tmp_path)
+    cfg = rg(chat_template=True, shuffle=False, response_prefix="{expression} =")
+    p = first(cfg, 1, tokenizer_path=str(tmp_path))[0]
+    plain = first(rg(shuffle=False), 1)[0]
+    expression = plain.text.removeprefix("Calculate ").removesuffix(".")
+    spelled = "".join(AutoTokenizer.from_pretrained(tmp_path).convert_ids_to_tokens(p.token_ids.tolist()))
+    assert spelled == f"<|user|>{plain.text}<|end|><|assistant|>{expression} ="
+    assert p.reward == plain.reward  # the target is the problem's answer, not shifted by the prefix
+    without = first(rg(shuffle=False, response_prefix="Q was {question} ->"), 1)[0]
+    assert without.text == f"{plain.text}Q was {plain.text} ->"  # no template: the prefix ends the text
+
+
+def test_response_prefix_mistakes_stop_the_launch():
+    with pytest.raises(ValueError, match=r"names \{answer_text\}, which reasoning-gym's basic_arithmetic problems lack; "
+                                         r"their fields: .*expression"):
+        make_prompt_source(rg(response_prefix="{answer_text} ="), 1)
+    cfg = from_dict(RunConfig, {"task": {"name": "reasoning_gym", "tasks": [ARITH], "size": 10,
+                                         "response_prefix": "{nope}"}})
+    with pytest.raises(ConfigError, match="task.response_prefix='{nope}' names"):
+        check_task_source(cfg)
+    with pytest.raises(ValueError, match="response_prefix applies to"):
+        TaskConfig(response_prefix="The answer is")
 
 
 @pytest.mark.parametrize("task,msg", [
