@@ -2,6 +2,8 @@
 
     peer = HubPeer(endpoint, name, timeout_s=30.0)
     reply = peer.request(msg)      # one reply per request; ErrorReply -> HubError; no reply -> TimeoutError
+    pending = peer.start(msg)      # or in two halves: send now ...
+    reply = peer.finish(pending)   # ... wait later (ShardedPeer overlaps its shards' waits this way)
     peer.close()
 
 Long polls (LeaseRequest, ScoreRequest, BatchRequest) wait up to their `wait_s` on the hub, so a request
@@ -35,6 +37,7 @@ import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -74,6 +77,17 @@ _HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "refused the handshake (an authenticated hub and a peer without "
                                          "credentials, or the reverse?)",
 }
+
+
+@dataclass(slots=True)
+class Pending:
+    """A request sent and not yet answered (HubPeer.start -> HubPeer.finish)."""
+    msg: Any
+    frame: bytes
+    first: float  # monotonic time of the first send: the reconnect window counts from here
+    sent: float = 0.0  # this attempt's send
+    deadline: float = 0.0  # this attempt's: sent + timeout_s + the request's wait_s
+    failed: TimeoutError | None = None  # this attempt found no connection to send on
 
 
 class HubPeer:
@@ -124,21 +138,41 @@ class HubPeer:
 
     def request(self, msg: Any) -> Any:
         """Send `msg`, return the hub's reply record. Raises HubError or TimeoutError."""
-        frame = wire.encode(msg)
-        give_up = time.monotonic() + self.reconnect_s
+        return self.finish(self.start(msg))
+
+    def start(self, msg: Any) -> Pending:
+        """Send `msg` and return without waiting; `finish` waits for the reply. One request in flight per
+        HubPeer; several HubPeers (ShardedPeer's shards) can each have one, so their waits overlap."""
+        pending = Pending(msg=msg, frame=wire.encode(msg), first=time.monotonic())
+        self._launch(pending)
+        return pending
+
+    def finish(self, pending: Pending) -> Any:
+        """The reply to a started request, resent on a new socket within `reconnect_s` of the first send.
+        Raises HubError or TimeoutError."""
         while True:
             try:
-                return self._attempt(msg, frame)
+                if pending.failed is not None:
+                    raise pending.failed
+                return self._await(pending)
             except TimeoutError:
-                if time.monotonic() >= give_up or self.give_up():
+                if time.monotonic() >= pending.first + self.reconnect_s or self.give_up():
                     raise
                 self.reconnects += 1
+                self._launch(pending)
 
-    def _attempt(self, msg: Any, frame: bytes) -> Any:
-        budget = self.timeout_s + float(getattr(msg, "wait_s", 0.0))
-        sent = time.monotonic()
-        deadline = sent + budget
-        self._send(msg, frame, sent, deadline)
+    def _launch(self, p: Pending) -> None:
+        """(Re)send p's frame with a fresh deadline; a send that finds no connection is kept as p.failed."""
+        p.sent = time.monotonic()
+        p.deadline = p.sent + self.timeout_s + float(getattr(p.msg, "wait_s", 0.0))
+        try:
+            self._send(p.msg, p.frame, p.sent, p.deadline)
+            p.failed = None
+        except TimeoutError as e:
+            p.failed = e
+
+    def _await(self, p: Pending) -> Any:
+        msg, sent, deadline = p.msg, p.sent, p.deadline
         while True:
             reply = self._recv_until(min(deadline, time.monotonic() + _SLICE_S))
             if reply is None:

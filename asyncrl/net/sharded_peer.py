@@ -21,9 +21,12 @@ another's prompts and each resumes from its own log alone. What a request become
     StatsRequest                                            every shard; counters summed (`merge_stats`), with
                                                             each shard's own under "shards"
 
-Blocking: calls are synchronous and one shard at a time, like HubPeer's: a request waits at most its
-`timeout_s` (+ wait_s) per shard it touches, and a shard restarting from its log is retried within
-`reconnect_s` by that shard's own HubPeer. Not thread-safe: one per thread.
+Blocking: calls are synchronous, like HubPeer's. A request that goes to several shards (split, broadcast,
+stats, a step's parts) is sent to all of them before any reply is awaited (`HubPeer.start` / `finish`), so it
+waits about one round trip, or one long poll of `wait_s`, not one per shard; at most `timeout_s` (+ wait_s),
+and a shard restarting from its log is retried within `reconnect_s` by that shard's own HubPeer. Lease and
+score polls visit the shards in turn (a lease is one shard's; score items are capped by max_samples in total).
+Not thread-safe: one per thread.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import zmq
 
 from asyncrl import records as R
 from asyncrl.net.hub_shards import shard_of
-from asyncrl.net.peer import HubPeer
+from asyncrl.net.peer import HubPeer, Pending
 
 BROADCAST = (R.WeightVersion, R.CommitStep, R.Heartbeat, R.FatalError, R.Shutdown, R.PeerDown)
 # Stats that are one value of the whole run, not a sum over shards: the run is only as far as its slowest shard.
@@ -95,9 +98,9 @@ class ShardedPeer:
     def request(self, msg: Any) -> Any:
         """Send `msg` to the shard(s) it concerns (module doc); HubPeer's errors (HubError, TimeoutError)."""
         if isinstance(msg, BROADCAST):
-            return _merge_acks([p.request(msg) for p in self.peers])
+            return _merge_acks(self._at_once([(k, msg) for k in range(self.n)]))
         if isinstance(msg, R.StatsRequest):
-            return R.Stats(counters=merge_stats([p.request(msg).counters for p in self.peers]))
+            return R.Stats(counters=merge_stats([r.counters for r in self._at_once([(k, msg) for k in range(self.n)])]))
         if isinstance(msg, (R.LeaseRequest, R.ScoreRequest)):
             return self._poll(msg)
         if isinstance(msg, R.BatchRequest):
@@ -120,9 +123,8 @@ class ShardedPeer:
     def _split(self, msg: Any, prompt_ids: list[str], part: Callable[[Callable[[list], list]], Any]) -> R.Ack:
         """One request per shard touched, each with the items (in their order) whose prompt it holds."""
         shard = [shard_of(pid, self.n) for pid in prompt_ids]
-        acks = []
-        for k in sorted(set(shard)):
-            acks.append(self.peers[k].request(part(lambda items, k=k: [x for x, s in zip(items, shard) if s == k])))
+        acks = self._at_once([(k, part(lambda items, k=k: [x for x, s in zip(items, shard) if s == k]))
+                              for k in sorted(set(shard))])
         return _merge_acks(acks) if acks else R.Ack()
 
     def _submit(self, msg: R.SubmitPrompts) -> R.Ack:
@@ -134,14 +136,12 @@ class ShardedPeer:
                 p.prompt_id = f"{self._ids}-{self._seq}"
         shard = [shard_of(p.prompt_id, self.n) for p in msg.prompts]
         ids: list[str] = [""] * len(msg.prompts)
-        acks = []
-        for k in sorted(set(shard)):
-            where = [i for i, s in enumerate(shard) if s == k]
-            ack = self.peers[k].request(R.SubmitPrompts(prompts=[msg.prompts[i] for i in where], watch=msg.watch,
-                                                        evaluate=msg.evaluate))
+        wheres = {k: [i for i, s in enumerate(shard) if s == k] for k in sorted(set(shard))}
+        acks = self._at_once([(k, R.SubmitPrompts(prompts=[msg.prompts[i] for i in where], watch=msg.watch,
+                                                  evaluate=msg.evaluate)) for k, where in wheres.items()])
+        for where, ack in zip(wheres.values(), acks):
             for i, pid in zip(where, ack.info.get("prompt_ids", [])):
                 ids[i] = pid
-            acks.append(ack)
         merged = _merge_acks(acks)
         merged.info["prompt_ids"] = ids
         return merged
@@ -177,10 +177,8 @@ class ShardedPeer:
         for step in [s for s in self._parts if s < msg.step]:
             del self._parts[step]
         missing = [k for k in range(self.n) if k not in parts]
-        wait = replace(msg, wait_s=msg.wait_s / max(1, len(missing)))
         reply: Any = None
-        for k in missing:
-            reply = self.peers[k].request(wait)
+        for k, reply in zip(missing, self._at_once([(k, msg) for k in missing])):  # each its own long poll
             if isinstance(reply, R.Batch):
                 parts[k] = reply
         if len(parts) < self.n:
@@ -190,6 +188,28 @@ class ShardedPeer:
         return R.Batch(step=msg.step, policy_version=min(b.policy_version for b in ordered),
                        groups=[g for b in ordered for g in b.groups],
                        dropped_stale=sum(b.dropped_stale for b in ordered))
+
+    def _at_once(self, requests: list[tuple[int, Any]]) -> list[Any]:
+        """Each (shard, request) sent before any reply is awaited, so the shards' round trips and long polls
+        overlap; then every reply is read, in order, before the first error (if any) is raised: a reply left
+        unread would be taken for the answer to that shard's next request."""
+        started: list[tuple[HubPeer, Pending]] = []
+        error: BaseException | None = None
+        for k, msg in requests:
+            try:
+                started.append((self.peers[k], self.peers[k].start(msg)))
+            except Exception as e:  # noqa: BLE001 - HubRefused at the send; the started ones are still read
+                error = e
+                break
+        replies = []
+        for peer, pending in started:
+            try:
+                replies.append(peer.finish(pending))
+            except Exception as e:  # noqa: BLE001 - kept until every started request is answered or failed
+                error = error or e
+        if error is not None:
+            raise error
+        return replies
 
     # ------------------------------------------------------------------ pushed messages
 

@@ -1,6 +1,7 @@
 """ShardedPeer against two real hubs (background threads, loopback): every record of a prompt reaches the
 shard its id hashes to, leases come from one shard at a time, a step's batch joins both shards' parts and
-is re-delivered whole, broadcasts reach both, and stats add up."""
+is re-delivered whole, broadcasts reach both, and stats add up; requests to several shards are all sent before
+any reply is awaited, and every reply is read before an error is raised."""
 
 from __future__ import annotations
 
@@ -175,3 +176,68 @@ def test_names_endpoints_and_config_of_shards(tmp_path):
         assert isinstance(single, HubPeer)
     assert all(shard_of(f"p{i}", 3) == shard_of(f"p{i}", 3) for i in range(10))
     assert {shard_of(f"p{i}", 2) for i in range(20)} == {0, 1}
+
+
+class _Recorder:
+    """A shard's HubPeer stand-in that logs start/finish and answers an Ack (or raises on finish)."""
+
+    def __init__(self, k: int, log: list, fail: Exception | None = None) -> None:
+        self.k, self.log, self.fail = k, log, fail
+
+    def start(self, msg):
+        self.log.append(("start", self.k))
+        return msg
+
+    def finish(self, pending):
+        self.log.append(("finish", self.k))
+        if self.fail is not None:
+            raise self.fail
+        return R.Ack(info={"n": 1})
+
+
+def test_requests_to_several_shards_are_all_sent_before_any_reply_is_awaited(shards):
+    peer = ShardedPeer([h.endpoint for h in shards], "learner-0", timeout_s=10)
+    log: list = []
+    peer.peers = [_Recorder(0, log), _Recorder(1, log)]
+    for msg in (R.CommitStep(step=1, policy_version=1), R.Heartbeat(service="learner", name="learner-0"),
+                R.BatchRequest(learner="learner-0", step=1, wait_s=1.0)):
+        log.clear()
+        peer.request(msg)
+        assert log == [("start", 0), ("start", 1), ("finish", 0), ("finish", 1)], type(msg).__name__
+
+
+def test_a_shard_s_error_is_raised_after_every_other_shard_s_reply_is_read(shards):
+    from asyncrl.net.peer import HubError
+
+    peer = ShardedPeer([h.endpoint for h in shards], "learner-0", timeout_s=10)
+    log: list = []
+    peer.peers = [_Recorder(0, log, fail=HubError("refused", "CommitStep")), _Recorder(1, log)]
+    with pytest.raises(HubError, match="refused"):
+        peer.request(R.CommitStep(step=1, policy_version=1))
+    assert log[-1] == ("finish", 1)  # shard 1's reply read: it cannot answer shard 1's next request
+
+
+def test_a_step_s_parts_long_poll_at_once_and_the_late_shard_completes_it(shards):
+    """Both shards' parts are polled with the whole wait_s at once; the part that arrives first is kept while
+    the other shard's poll ends empty, and the next request asks only the shard still missing."""
+    import threading
+
+    peer = ShardedPeer([h.endpoint for h in shards], "learner-0", timeout_s=10)
+    ids = ids_on_each_shard(2)
+    on = {k: [p for p in ids if shard_of(p, 2) == k] for k in (0, 1)}
+    submit_by(peer, on[0])
+    generate_and_score(peer)
+    reply = peer.request(R.BatchRequest(learner="learner-0", step=1, wait_s=0.3))
+    assert isinstance(reply, R.Ack) and not reply.ok and set(peer._parts[1]) == {0}  # shard 0's part kept
+    worker = ShardedPeer([h.endpoint for h in shards], "gen-0", timeout_s=10)
+    later = threading.Timer(0.2, lambda: (submit_by(worker, on[1]), generate_and_score(worker)))
+    later.start()
+    batch = peer.request(R.BatchRequest(learner="learner-0", step=1, wait_s=5.0))
+    later.join()
+    assert isinstance(batch, R.Batch) and [shard_of(g.prompt.prompt_id, 2) for g in batch.groups] == [0, 0, 1, 1]
+    worker.close()
+    peer.close()
+
+
+def submit_by(peer: ShardedPeer, ids: list[str]) -> None:
+    peer.request(R.SubmitPrompts(prompts=[R.Prompt(prompt_id=p, n=N, token_ids=np.arange(3, dtype=np.int32)) for p in ids]))
