@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from typing import Any
@@ -42,6 +41,7 @@ from asyncrl.generator.worker import GeneratorWorker
 from asyncrl.rollout.config import RolloutConfig
 from asyncrl.rollout.environment import Observation, Step
 from asyncrl.rollout.multi_turn import MultiTurn
+from bench import provenance
 from bench.generation import SHAPES, VOCAB, build_hf, make_engine
 
 
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     max_len = args.prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
     hf = build_hf(args.shape, max_len, dtype=dtype, device=args.device)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = provenance.commit()
     latencies = [float(x) for x in args.tool_ms.split(",")]
     caches = [bool(int(x)) for x in args.prefix_cache.split(",")]
     overlaps = [bool(int(x)) for x in args.prefill_overlap.split(",")]

@@ -30,7 +30,8 @@ import tempfile
 
 import torch
 
-from bench.generation import build_hf, commit, make_engine, prompts, run_engine
+from bench.generation import build_hf, make_engine, prompts, run_engine
+from bench.provenance import commit
 
 DEV = "cuda"
 SCORERS = ("hf", "hf_c5", "hf_head32", "hf_decode", "learner", "learner_c", "learner_ce", "learner_sdpa")

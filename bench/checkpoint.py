@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.learner import commit, make_batch, model_path
+from bench.learner import make_batch, model_path
+from bench.provenance import commit
 
 
 def timed(phases: dict[str, list[float]], name: str, fn: Any) -> Any:

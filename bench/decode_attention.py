@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.generation import commit
+from bench.provenance import commit
 
 
 def contexts(batch: int, mean: int, max_len: int, uniform: bool = False) -> torch.Tensor:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from bench.generation import add_prompts, build_hf, commit, make_engine, prompts, require_cuda, run_engine
+from bench.generation import add_prompts, build_hf, make_engine, prompts, require_cuda, run_engine
+from bench.provenance import commit
 
 REPLAYS = 50
 

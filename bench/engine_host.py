@@ -21,7 +21,7 @@ from asyncrl.engine.torch.decode_graphs import DecodeBuffers
 from asyncrl.engine.torch.scheduler import Scheduler
 from asyncrl.engine.torch.sequence import Sequence
 from asyncrl.records import SamplingParams
-from bench.generation import commit
+from bench.provenance import commit
 
 
 def running(rows: int, prompt: int, outputs: int, blocks: BlockManager) -> list[Sequence]:

@@ -26,12 +26,11 @@ import argparse
 import itertools
 import json
 import sys
-import os
-import subprocess
 import time
 
 import numpy as np
 import torch
+from bench import provenance
 
 SHAPES = {
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -239,13 +238,6 @@ def profile_parts(eng, batch: int, ctx: int) -> dict:
     }
 
 
-def commit() -> str:
-    if os.environ.get("ASYNCRL_COMMIT"):
-        return os.environ["ASYNCRL_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def bench_case(
@@ -289,7 +281,7 @@ def bench_case(
         hf_wall = run_hf(hf, prompts(batch, prompt_len, seed=2), output_len)
         row["hf_tok_s"] = round(batch * output_len / hf_wall, 1)
         row["speedup"] = round(row["engine_tok_s"] / row["hf_tok_s"], 2)
-    row.update(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=commit())
+    row.update(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=provenance.commit())
     del hf
     torch.cuda.empty_cache()
     return row
@@ -328,7 +320,7 @@ def rl_case(shape: str, groups: int, n: int, prompt_len: int, max_new: int, skip
         row.update(hf_tok_s=round(work.useful_tokens / hf_wall, 1), hf_wall_s=round(hf_wall, 3),
                    speedup=round(hf_wall / wall, 2))
     row.update(device=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
-               commit=commit())
+               commit=provenance.commit())
     return row
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from asyncrl import records as R
 from asyncrl import wire
 from asyncrl.replay.journal import Journal
 from asyncrl.replay.segments import Segments
+from bench import provenance
 
 OFF = 1 << 62  # compact_bytes that never triggers
 
@@ -131,14 +131,7 @@ def main() -> None:
     same = off.pop("accounting") == on.pop("accounting")
     print(json.dumps({"bench": "journal", "steps": args.steps, "prompts_per_step": args.prompts_per_step,
                       "n": args.n, "tokens": args.tokens, "compact_bytes": compact, "off": off, "on": on,
-                      "accounting_off_equals_on": same, "device": "cpu", "commit": _commit()}))
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
+                      "accounting_off_equals_on": same, "device": "cpu", "commit": provenance.commit()}))
 
 
 if __name__ == "__main__":

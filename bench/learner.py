@@ -46,6 +46,7 @@ import torch
 from asyncrl import records
 
 from asyncrl.precision import dtypes
+from bench import provenance
 from bench import flops, trace_gaps
 
 SHAPE_DEFAULTS = {"tiny": (64, 63), "0.5b": (256, 256), "1.5b": (256, 256), "7b": (256, 256)}  # samples, tokens
@@ -213,11 +214,6 @@ def time_hf(path: str, batch: records.Batch, device: torch.device, dtype: torch.
     return float(np.median(times[args.warmup:]))
 
 
-def commit() -> str:
-    """The checkout's commit (ASYNCRL_COMMIT overrides: a copied tree may carry a stale .git)."""
-    if os.environ.get("ASYNCRL_COMMIT"):
-        return os.environ["ASYNCRL_COMMIT"]
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -288,7 +284,7 @@ def compare(argv: list[str], args: argparse.Namespace, shape: str) -> None:
         out["over_full"] = {r: {"step_s": ratio(line["step_s"], full["step_s"]),
                                 "peak_mem": ratio(line.get("peak_mem_gib"), full.get("peak_mem_gib"))}
                             for r, line in by_rank.items() if r != "0"}
-    print(json.dumps({**out, "commit": commit(), "date": time.strftime("%Y-%m-%d")}))
+    print(json.dumps({**out, "commit": provenance.commit(), "date": time.strftime("%Y-%m-%d")}))
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -341,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda" else None,
         **rounded(learner), "model": path if args.model else None,
         "matmul_params": flops.matmul_params(meta), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "commit": commit(), "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__, "commit": provenance.commit(), "date": time.strftime("%Y-%m-%d"),
     }))
 
 

@@ -29,7 +29,8 @@ import json
 
 import torch
 
-from bench.generation import SHAPES, build_hf, commit, make_engine, prompts, require_cuda, run_engine
+from bench.generation import SHAPES, build_hf, make_engine, prompts, require_cuda, run_engine
+from bench.provenance import commit
 
 
 def learner_logprobs(hf, prompt: list[list[int]], outs, temperature: float, chunk: int,

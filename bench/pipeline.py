@@ -33,7 +33,6 @@ import platform
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,16 +42,10 @@ from pathlib import Path
 
 from asyncrl.config.run import load_run_config
 from asyncrl.observe.timeline import read_timelines
+from bench import provenance
 from bench.intervals import clip, intersect, total, union
 from launch.__main__ import EMBEDDED
 from launch.__main__ import main as launch_main
-
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 MEMORY_ENV = "ASYNCRL_BENCH_MEMORY_DIR"
@@ -373,7 +366,7 @@ def result_line(results: dict[str, dict], cfg, staleness: int, args: argparse.Na
                     "activation_checkpointing": cfg.learner.activation_checkpointing},
         "lora": {"rank": cfg.learner.lora_rank, "alpha": cfg.learner.lora_alpha, "targets": cfg.learner.lora_targets,
                  "trainable": cfg.learner.lora_trainable, "push": cfg.learner.lora_push} if cfg.learner.lora_rank else None,
-        "commit": os.environ.get("ASYNCRL_COMMIT") or commit(), "run_dirs": args.keep or "removed",
+        "commit": provenance.commit(), "run_dirs": args.keep or "removed",
         "timeline": args.timeline,
     }
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from bench.decode_kernels import kernel_table, summary
-from bench.generation import add_prompts, build_hf, commit, make_engine, prompts, require_cuda
+from bench.generation import add_prompts, build_hf, make_engine, prompts, require_cuda
+from bench.provenance import commit
 
 
 def prefill_once(eng, batch_prompts: list[list[int]], tag: str) -> float:

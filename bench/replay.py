@@ -51,6 +51,7 @@ from asyncrl.net.peer import HubPeer
 from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.replay.segments import Segments
 from asyncrl.run.rundir import write_run_json
+from bench import provenance
 from bench.process_cpu import cpu_seconds, sum_threads
 
 
@@ -224,6 +225,7 @@ def journal_bytes(run_dir: str, shards: int) -> int:
                for k in range(shards))
 
 
+_HERE = str(Path(__file__).resolve().parents[1])  # this tree (a --baseline is another)
 ROLES = {"producer": producer, "scorer": scorer, "learner": learner}
 
 
@@ -288,15 +290,14 @@ def run(args: argparse.Namespace, src: str) -> dict:
                     "samples_per_message": args.n * args.lease_prompts, "max_staleness": args.max_staleness, "log": args.log,
                     "log_mb": round(log_bytes / 1e6, 1), "shards": args.shards, "producers": args.producers,
                     "hub_cores": args.hub_cores, "peer_cores": args.peer_cores, "transport": args.transport,
-                    "cpu": _cpu(), "cpus": os.cpu_count(), "commit": _commit(src), "src": src,
+                    "cpu": _cpu(), "cpus": os.cpu_count(), "commit": provenance.commit(None if src == _HERE else src), "src": src,
                     "date": time.strftime("%Y-%m-%d")},
     }
 
 
 def compare(args: argparse.Namespace) -> list[dict]:
     """Every configuration (source tree x log on/off) `args.repeat` times, interleaved; median runs."""
-    here = str(Path(__file__).resolve().parents[1])
-    trees = ([("baseline", str(Path(args.baseline).resolve()))] if args.baseline else []) + [("this", here)]
+    trees = ([("baseline", str(Path(args.baseline).resolve()))] if args.baseline else []) + [("this", _HERE)]
     logs = [False, True] if args.both_logs else [args.log]
     runs: dict[tuple[str, bool], list[dict]] = {(t, log): [] for t, _ in trees for log in logs}
     for _ in range(args.repeat):
@@ -323,15 +324,6 @@ def _cpu() -> str:
     except OSError:
         pass
     return ""
-
-
-def _commit(src: str) -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=src)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=True, cwd=src)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from asyncrl.learner import residual_stream
-from bench.generation import VOCAB, build_hf, commit
+from bench.generation import VOCAB, build_hf
+from bench.provenance import commit
 
 
 class _Fp32Out(torch.nn.Module):

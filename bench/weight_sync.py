@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 
@@ -42,6 +41,7 @@ from asyncrl.weights.bucket import iter_buckets
 from asyncrl.weights.group import WeightGroup, connect_store, host_store
 from asyncrl.weights.receiver import WeightReceiver
 from asyncrl.weights.sender import WeightSender
+from bench import provenance
 
 SHAPES = {  # name -> (hidden, layers, intermediate, vocab)
     "tiny": (128, 2, 384, 1024),
@@ -194,7 +194,7 @@ def lora_main(args, learner_dev: str, gen_dev: str, path: str, dtype: str, gpus:
 
     m, a, f = median(merged), median(adapter), median(first)
     params = sum(t.numel() for _, t in weights)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = provenance.commit()
     print(json.dumps({
         "bench": "weight_sync_lora", "path": path, "shape": args.shape, "params": params, "dtype": dtype,
         "lora_rank": args.lora_rank, "targets": list(LORA_TARGETS), "bucket_mb": args.bucket_mb,
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     timed = sorted(reports[1:], key=lambda r: r["total_s"])
     mid = timed[len(timed) // 2]
     gbps = nbytes / mid["total_s"] / 1e9
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = provenance.commit()
     print(json.dumps({
         "bench": "weight_sync", "path": path, "shape": args.shape, "dtype": dtype, "bytes": nbytes,
         "bucket_mb": args.bucket_mb, "push_gbps": round(gbps, 3), "reference_gbps": round(ref, 3),
