@@ -22,6 +22,9 @@
 # evaluation round up to ~9:20 (the bar is a round >= 0.60 within 10 minutes; only the final round is missed).
 # At most two runs on the GPU at a time: four (micro_batch_tokens 16384, 107 GB) fit but slow each to ~1.44
 # steps/s from ~2.05.
+# 2026-12-05 (third session), what fit: call 1 `env` + `part_a`; call 2 `model`, an arithmetic pair, `collect --wait 280`,
+# then a GSM pair (`nice -n 10`, learner.micro_batch_tokens=16384) and `collect --wait 210`; calls 3-4 collect (GSM ends
+# ~22 min after call 2 began). With all four running the H200 had 139 of 143 GB in use: on an H100, one pair at a time.
 set -euo pipefail
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 M=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
