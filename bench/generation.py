@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 import torch
+
 from bench import provenance
 
 SHAPES = {
@@ -236,8 +237,6 @@ def profile_parts(eng, batch: int, ctx: int) -> dict:
         "qkv_o_proj_ms": bench(lambda: (layer.self_attn.project(mlp_in), layer.self_attn.o_proj(mlp_in))),
         "profile_ctx": ctx,
     }
-
-
 
 
 def bench_case(

@@ -45,7 +45,7 @@ from asyncrl.replay.core import HubCore
 from asyncrl.replay.hub import _frame
 from asyncrl.replay.journal import Journal
 from bench import provenance
-from bench.replay import _HERE, _env, make_sample
+from bench.replay import _env, make_sample
 
 LEASES_PER_STEP = 2
 SUBMIT_CHUNK = 1024
@@ -157,7 +157,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def compare(args: argparse.Namespace) -> list[dict]:
-    trees = ([("baseline", str(Path(args.baseline).resolve()))] if args.baseline else []) + [("this", _HERE)]
+    trees = ([("baseline", str(Path(args.baseline).resolve()))] if args.baseline else []) + [("this", provenance.HERE)]
     runs: dict[str, list[dict]] = {tree: [] for tree, _ in trees}
     for _ in range(args.repeat):
         for tree, src in trees:
@@ -174,7 +174,7 @@ def compare(args: argparse.Namespace) -> list[dict]:
                     "context": {"steps": args.steps, "prompts_per_step": args.prompts_per_step, "n": args.n,
                                 "response_tokens": args.tokens, "prompt_tokens": 128, "log": args.log,
                                 "samples_per_message": args.prompts_per_step // LEASES_PER_STEP * args.n,
-                                "commit": provenance.commit(None if src == _HERE else src), "src": src, "cpus": os.cpu_count(),
+                                "commit": provenance.commit(src), "src": src, "cpus": os.cpu_count(),
                                 "date": time.strftime("%Y-%m-%d")}})
     return out
 

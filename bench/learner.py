@@ -46,8 +46,7 @@ import torch
 from asyncrl import records
 
 from asyncrl.precision import dtypes
-from bench import provenance
-from bench import flops, trace_gaps
+from bench import flops, provenance, trace_gaps
 
 SHAPE_DEFAULTS = {"tiny": (64, 63), "0.5b": (256, 256), "1.5b": (256, 256), "7b": (256, 256)}  # samples, tokens
 

@@ -225,7 +225,6 @@ def journal_bytes(run_dir: str, shards: int) -> int:
                for k in range(shards))
 
 
-_HERE = str(Path(__file__).resolve().parents[1])  # this tree (a --baseline is another)
 ROLES = {"producer": producer, "scorer": scorer, "learner": learner}
 
 
@@ -290,14 +289,14 @@ def run(args: argparse.Namespace, src: str) -> dict:
                     "samples_per_message": args.n * args.lease_prompts, "max_staleness": args.max_staleness, "log": args.log,
                     "log_mb": round(log_bytes / 1e6, 1), "shards": args.shards, "producers": args.producers,
                     "hub_cores": args.hub_cores, "peer_cores": args.peer_cores, "transport": args.transport,
-                    "cpu": _cpu(), "cpus": os.cpu_count(), "commit": provenance.commit(None if src == _HERE else src), "src": src,
+                    "cpu": _cpu(), "cpus": os.cpu_count(), "commit": provenance.commit(src), "src": src,
                     "date": time.strftime("%Y-%m-%d")},
     }
 
 
 def compare(args: argparse.Namespace) -> list[dict]:
     """Every configuration (source tree x log on/off) `args.repeat` times, interleaved; median runs."""
-    trees = ([("baseline", str(Path(args.baseline).resolve()))] if args.baseline else []) + [("this", _HERE)]
+    trees = ([("baseline", str(Path(args.baseline).resolve()))] if args.baseline else []) + [("this", provenance.HERE)]
     logs = [False, True] if args.both_logs else [args.log]
     runs: dict[tuple[str, bool], list[dict]] = {(t, log): [] for t, _ in trees for log in logs}
     for _ in range(args.repeat):

@@ -33,6 +33,7 @@ def test_asyncrl_commit_names_this_checkout_only(tmp_path, monkeypatch):
     head = _repo(tmp_path)
     monkeypatch.setenv(provenance.ENV, "abc1234")
     assert provenance.commit() == "abc1234"
+    assert provenance.commit(provenance.HERE) == "abc1234"  # this checkout, however it is named
     assert provenance.commit(str(tmp_path)) == head  # a --baseline tree answers for itself
 
 
