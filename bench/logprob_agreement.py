@@ -11,8 +11,10 @@ With --lora-rank R (> 0) the learner side is that model with LoRA as the learner
 targeted, `learner.lora_trainable`'s default norms trained, adapters and norms drawn non-zero:
 bench/lora_pushes.py) and scores with its LoraLinear layers unmerged. Two engines start from the base weights;
 one gets the adapter push (A, B and the norms, merged by its AdapterMerge), the other the merged push (the
-learner's `merged_tensors`); each generates from the same prompts with the same seeds. The JSON line has the
-agreement of each ("adapter_push", "full_push"), their ratio adapter / full, whether the two engines' weights
+learner's `merged_tensors`); a third gets the adapter push and keeps it unmerged in its matmuls
+(`generator.lora_apply = "unmerged"`, adapter_slots.py); each generates from the same prompts with the same seeds.
+The JSON line has the agreement of each ("adapter_push", "full_push", "unmerged_push"), the ratios adapter / full
+and unmerged / full, whether the first two engines' weights
 are equal bit for bit (which parameters differ, if any), and how far the adapters moved the logprobs from the
 base model's ("lora_shift_mean_abs"). The tiny shape runs on CPU:
 
@@ -164,12 +166,14 @@ def lora_case(hf, batch_prompts, engine, args: argparse.Namespace) -> dict:
         if kind == "adapter":  # the same tokens under the base model: how far the adapters moved the logprobs
             shift = (learner_logprobs(base, batch_prompts, outs, args.temperature, chunk=16,
                                       logits_fp32=args.logits_fp32) - ref).abs().mean().item()
-    ratio = {k: runs["adapter"][f"{k}_abs_delta"] / runs["full"][f"{k}_abs_delta"]
-             if runs["full"][f"{k}_abs_delta"] else None for k in ("mean", "p99", "max")}
+    ratio, unmerged_ratio = ({k: runs[kind][f"{k}_abs_delta"] / runs["full"][f"{k}_abs_delta"]
+                              if runs["full"][f"{k}_abs_delta"] else None for k in ("mean", "p99", "max")}
+                             for kind in ("adapter", "unmerged"))
     return {"lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_targets": cfg.lora_targets,
             "lora_trainable": cfg.lora_trainable, "lora_delta": lora_pushes.LORA_DELTA,
             "norm_jitter": lora_pushes.NORM_JITTER, "adapter_push": runs["adapter"], "full_push": runs["full"],
-            "adapter_over_full": ratio, "weights_bitwise_equal": not differing,
+            "unmerged_push": runs["unmerged"], "adapter_over_full": ratio, "unmerged_over_full": unmerged_ratio,
+            "weights_bitwise_equal": not differing,
             "weights_differing": dict(list(differing.items())[:10]), "weights_differing_count": len(differing),
             "same_tokens": torch.equal(tokens["adapter"], tokens["full"]), "lora_shift_mean_abs": shift}
 

@@ -58,9 +58,10 @@ def learner_lora(hf: nn.Module, cfg: LearnerConfig, dtype: torch.dtype, seed: in
     return modules
 
 
-def engine_spec(cfg: LearnerConfig) -> LoraSpec:
-    """The LoraSpec a generator builds from the learner's config (services/generator.py, engine_lora)."""
-    return LoraSpec(tuple(cfg.lora_targets), cfg.lora_alpha / cfg.lora_rank)
+def engine_spec(cfg: LearnerConfig, apply: str = "merge") -> LoraSpec:
+    """The LoraSpec a generator builds from the learner's config (services/generator.py, engine_lora), with
+    `apply` as generator.lora_apply."""
+    return LoraSpec(tuple(cfg.lora_targets), cfg.lora_alpha / cfg.lora_rank, cfg.lora_rank, apply)
 
 
 def push(engine, named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None, version: int = 1) -> int:
@@ -79,14 +80,17 @@ def push(engine, named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype |
 
 def pushed_engines(base: nn.Module, hf: nn.Module, modules: dict[str, lora.LoraLinear], cfg: LearnerConfig,
                    dtype: torch.dtype, make: Callable[..., object]) -> dict[str, tuple[object, int]]:
-    """{"adapter" | "full": (engine, bytes pushed)}: two engines built by `make(model, lora=...)` from copies of
-    `base`, given the learner model `hf`'s adapter push and merged push (module docstring)."""
-    adapter = make(copy.deepcopy(base), lora=engine_spec(cfg))
-    adapter_bytes = push(adapter, lora.adapter_push(hf.named_parameters()), None)
+    """{"adapter" | "unmerged" | "full": (engine, bytes pushed)}: three engines built by `make(model, lora=...)`
+    from copies of `base`, given the learner model `hf`'s adapter push (merged by the engine, or kept unmerged in
+    its matmuls: generator.lora_apply) and its merged push (module docstring)."""
+    out = {}
+    for kind in ("adapter", "unmerged"):
+        engine = make(copy.deepcopy(base), lora=engine_spec(cfg, "merge" if kind == "adapter" else kind))
+        out[kind] = engine, push(engine, lora.adapter_push(hf.named_parameters()), None)
     full = make(copy.deepcopy(base))
     merged = lora.merged_tensors(((n, p.detach()) for n, p in hf.named_parameters()), modules)
-    full_bytes = push(full, merged, dtype)
-    return {"adapter": (adapter, adapter_bytes), "full": (full, full_bytes)}
+    out["full"] = full, push(full, merged, dtype)
+    return out
 
 
 def bitwise_differences(a: nn.Module, b: nn.Module) -> dict[str, float]:

@@ -36,7 +36,8 @@ def engine_lora(cfg: RunConfig) -> LoraSpec | None:
     """The LoRA adapters the engine applies itself when each push carries adapters only (learner.lora_push)."""
     if cfg.resolved_lora_push != "adapter":
         return None
-    return LoraSpec(tuple(cfg.learner.lora_targets), cfg.learner.lora_alpha / cfg.learner.lora_rank)
+    ln = cfg.learner
+    return LoraSpec(tuple(ln.lora_targets), ln.lora_alpha / ln.lora_rank, ln.lora_rank, cfg.generator.lora_apply)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ class RunConfig:
             )
 
         self._check_shards()
+        self._check_lora_apply()
         self._resolve_rollout_precision()
 
     def _check_shards(self) -> None:
@@ -68,6 +69,24 @@ class RunConfig:
             raise ValueError(f"hub.shards={self.hub.shards} with launch.placement={self.launch.placement!r}: sharded "
                              "hubs run on the launching host only (for now); set launch.placement = \"local\" or "
                              "hub.shards = 1")
+
+    def _check_lora_apply(self) -> None:
+        """generator.lora_apply = "unmerged" is the torch engine's, and its numbers are not the rescorer's."""
+        gen = self.generator
+        if gen.lora_apply != "unmerged":
+            return
+        if gen.engine != "torch":
+            raise ValueError(f"generator.lora_apply=\"unmerged\" with generator.engine={gen.engine!r}: the setting is "
+                             "the torch engine's (an SGLang server applies adapters in its own LoRA serving); set "
+                             "generator.lora_apply = \"merge\"")
+        if gen.weights_dtype != "model":
+            raise ValueError(f"generator.lora_apply=\"unmerged\" with generator.weights_dtype={gen.weights_dtype!r}: "
+                             "the fp8 projections take quantized inputs the adapters cannot share; set "
+                             "generator.lora_apply = \"merge\"")
+        if gen.deterministic and self.learner.lora_rank:
+            raise ValueError("generator.lora_apply=\"unmerged\" with generator.deterministic=true: the learner "
+                             "re-scores with merged weights, which do not give the unmerged engine's bits; set "
+                             "generator.lora_apply = \"merge\"")
 
     def _resolve_rollout_precision(self) -> None:
         """FP8 rollouts need a bf16 model, and `learner.off_policy = "auto"` becomes their correction (tis)."""

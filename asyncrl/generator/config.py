@@ -48,6 +48,13 @@ class GeneratorConfig:
     SGLang: the server must run with --quantization fp8. The learner stays in model.dtype, and learner.off_policy
     = "auto" then truncates the importance weight (docs/algorithms.md, "FP8 rollouts"). docs/engine-perf.md has
     its speed."""
+    lora_apply: Literal["merge", "unmerged"] = "merge"
+    """Torch engine, LoRA adapter pushes (learner.lora_rank > 0, learner.lora_push resolving to "adapter"): how
+    the engine applies each version's adapters. merge: W = W0 + scale * B @ A into its weights from a kept copy
+    of the base (one more copy of every targeted weight; the engine stops while it merges, ~40-50 ms a push at
+    7B on an H200). unmerged: the weights stay the base and every projection adds scale * (x A^T) B^T, the
+    learner's own form (no second copy; a push only copies the adapters; two small matmuls beside each
+    projection in every step). Not with weights_dtype = "fp8" or deterministic mode. docs/lora.md compares them."""
     prefix_cache: bool = True
     """Torch engine: keep the KV of full 16-token pages after a request ends and reuse it for a later request whose
     tokens start the same way, computed by the same weights (a weight update forgets every page): an episode's

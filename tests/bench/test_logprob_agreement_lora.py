@@ -1,5 +1,6 @@
 """bench.logprob_agreement --lora-rank on CPU (tiny shape): the adapter push gives the merged push's weights bit
-for bit and agrees with the learner's LoraLinear forward as well as the merged push does; a wrong merge shows."""
+for bit and agrees with the learner's LoraLinear forward as well as the merged push does, the adapters kept unmerged
+at least as well; a wrong merge shows."""
 
 import json
 import math
@@ -30,6 +31,12 @@ def test_adapter_push_agrees_as_well_as_the_merged_push(monkeypatch, capsys):
         assert adapter[key] <= 1.5 * full[key] + 1e-6, (key, adapter[key], full[key])
     assert row["lora_shift_mean_abs"] > 10 * adapter["mean_abs_delta"]  # the adapters move the model past the noise
     assert adapter["push_bytes"] < full["push_bytes"] / 10
+    # Kept unmerged (generator.lora_apply = "unmerged"), the engine computes the learner's own form: it agrees at
+    # least as well as either merged engine (on this CPU, exactly), from the same bytes as the adapter push.
+    unmerged = row["unmerged_push"]
+    for key in ("mean_abs_delta", "p99_abs_delta", "max_abs_delta"):
+        assert unmerged[key] <= full[key], (key, unmerged[key], full[key])
+    assert unmerged["push_bytes"] == adapter["push_bytes"]
 
 
 def test_a_merge_without_the_scale_shows(monkeypatch, capsys):

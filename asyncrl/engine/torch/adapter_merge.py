@@ -87,15 +87,22 @@ def _power_of_two(x: float) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class LoraSpec:
-    """What the engine needs to apply adapters: the targeted linears and the scale (lora_alpha / lora_rank)."""
+    """What the engine needs to apply adapters: the targeted linears, the scale (lora_alpha / lora_rank), and how
+    (generator.lora_apply: "merge" into the weights here, or "unmerged" in the matmuls, adapter_slots.py, which
+    sizes its buffers by the rank)."""
 
     targets: tuple[str, ...]  # last component of the targeted linears' module names, e.g. ("q_proj", "v_proj")
     scale: float
+    rank: int = 0  # learner.lora_rank; 0: not given (merge only: it takes any rank each push brings)
+    apply: str = "merge"
 
     def __post_init__(self) -> None:
         if not self.targets or self.scale <= 0:
             raise ValueError(f"LoraSpec(targets={self.targets}, scale={self.scale}): give at least one target and "
                              "a scale > 0 (lora_alpha / lora_rank)")
+        if self.apply not in ("merge", "unmerged") or (self.apply == "unmerged" and self.rank < 1):
+            raise ValueError(f"LoraSpec(apply={self.apply!r}, rank={self.rank}): apply is \"merge\" or "
+                             "\"unmerged\", and \"unmerged\" needs the rank (learner.lora_rank >= 1)")
 
 
 @dataclass(slots=True)
@@ -128,11 +135,7 @@ class AdapterMerge:
         ends (also when the consumer stops early), not one copy call each: an adapter push is hundreds of small
         tensors, and a call each was most of the engine's host time in it."""
         copies: list[tuple[Tensor, Tensor]] = []  # (kept buffer, the stream's tensor: a view of a receive buffer)
-        try:
-            yield from self._take(named, copies)
-        finally:
-            if copies:
-                torch._foreach_copy_([dst for dst, _ in copies], [src for _, src in copies])
+        return copy_at_end(self._take(named, copies), copies)
 
     def _take(self, named: Iterable[tuple[str, Tensor]], copies: list[tuple[Tensor, Tensor]]
               ) -> Iterator[tuple[str, Tensor]]:
@@ -150,7 +153,7 @@ class AdapterMerge:
                 target.pristine.copy_(t)
                 target.changed = True
             elif leaf in ADAPTER_LEAVES:
-                _check_adapter(name, leaf, t, target.pristine.shape)
+                check_adapter(name, leaf, t, target.pristine.shape)
                 kept = target.adapters.get(leaf)
                 if kept is None or kept.shape != t.shape:  # the first push, or a new rank
                     kept = target.adapters[leaf] = torch.empty(t.shape, dtype=torch.float32,
@@ -184,7 +187,18 @@ class AdapterMerge:
         return done
 
 
-def _check_adapter(name: str, leaf: str, t: Tensor, weight_shape: torch.Size) -> None:
+def copy_at_end(stream: Iterator[tuple[str, Tensor]], copies: list[tuple[Tensor, Tensor]]
+                ) -> Iterator[tuple[str, Tensor]]:
+    """`stream` as it is; once it ends (also when its consumer stops early) every (kept, arrived) pair that it
+    appended to `copies` is copied in one multi-tensor copy (casting to the kept buffer's dtype)."""
+    try:
+        yield from stream
+    finally:
+        if copies:
+            torch._foreach_copy_([dst for dst, _ in copies], [src for _, src in copies])
+
+
+def check_adapter(name: str, leaf: str, t: Tensor, weight_shape: torch.Size) -> None:
     """A [r, in] / B [out, r] against the targeted weight [out, in], before anything is kept."""
     out, cols = weight_shape
     fits = t.dim() == 2 and (t.shape[1] == cols if leaf == "lora_A" else t.shape[0] == out)

@@ -39,7 +39,8 @@ from asyncrl.observe.stage import stage
 from asyncrl.precision import dtypes
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.kv_cache import KVCache
-from asyncrl.engine.torch.adapter_merge import AdapterMerge, LoraSpec
+from asyncrl.engine.torch.adapter_merge import LoraSpec
+from asyncrl.engine.torch.adapter_slots import adapters_for
 from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights
 from asyncrl.engine.torch.model.fp8 import fp8_weights
 from asyncrl.engine.torch.model_runner import ModelRunner
@@ -98,7 +99,8 @@ class TorchEngine:
         lm_head's output in fp32 (the learner must do the same: ModelConfig.residual_fp32 / logits_fp32).
         prefix_cache: reuse the KV of full pages across requests, within one weight version (`prefix_cache`; not in
         deterministic mode, where a hit would make a sample's numbers depend on what ran before). lora: updates
-        may carry LoRA adapters only, applied from a kept pristine base (adapter_merge.py). weights_dtype: "model"
+        may carry LoRA adapters only, merged from a kept pristine base (adapter_merge.py) or, with lora.apply =
+        "unmerged", kept apart in the matmuls (adapter_slots.py). weights_dtype: "model"
         (matmuls in `dtype`) or "fp8" (e4m3 images of every projection, re-quantized at each update: model/fp8.py)."""
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
@@ -139,7 +141,7 @@ class TorchEngine:
                              "mode keeps the synchronous decode loop and prefills every prompt whole; leave it unset")
         self.model = model
         model.fuse_projections()
-        self.adapters = AdapterMerge(model, lora) if lora else None  # before the KV cache takes the free memory
+        self.adapters = adapters_for(model, lora, weights_dtype)  # before the KV cache takes the free memory
         self.fp8 = fp8_weights(model, weights_dtype)  # so do the fp8 images
         self.arch = self.model.cfg
         self.deterministic = deterministic
@@ -493,3 +495,4 @@ class TorchEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
+

@@ -10,6 +10,7 @@ from torch import nn
 from asyncrl.engine.torch import kernels
 from asyncrl.engine.torch.model.config import ArchConfig
 from asyncrl.engine.torch.model.fp8 import Fp8Input, Fp8Linear
+from asyncrl.engine.torch.model.low_rank import LowRank
 from asyncrl.engine.torch.model.layers import (
     RMSNorm,
     RotaryEmbedding,
@@ -40,6 +41,8 @@ class Attention(nn.Module):
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
         self.qkv_fp8: Fp8Linear | None = None  # fp8 images of qkv and o_proj (FP8 rollouts: fp8.py)
         self.o_fp8: Fp8Linear | None = None
+        self.qkv_lora: LowRank | None = None  # LoRA adapters kept unmerged (low_rank.py)
+        self.o_lora: LowRank | None = None
 
     def fuse(self) -> None:
         """One [q + k + v, hidden] projection; q_proj / k_proj / v_proj parameters become views of it."""
@@ -55,6 +58,8 @@ class Attention(nn.Module):
         else:
             sizes = [self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d]
             qkv = self.qkv_fp8(x) if self.qkv_fp8 is not None else F.linear(x, *self.qkv)  # [n, q + k + v]
+            if self.qkv_lora is not None:
+                qkv = self.qkv_lora(x, qkv)
             q, k, v = qkv.split(sizes, -1)
         return q.view(n, self.num_heads, d), k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
 
@@ -91,4 +96,5 @@ class Attention(nn.Module):
             else:
                 out = decode_attention(q, k_cache, v_cache, meta, self.scale)
         out = out.reshape(n, self.num_heads * self.head_dim)
-        return self.o_fp8(out) if self.o_fp8 is not None else self.o_proj(out)
+        y = self.o_fp8(out) if self.o_fp8 is not None else self.o_proj(out)  # [n, hidden]
+        return y if self.o_lora is None else self.o_lora(out, y)

@@ -15,6 +15,7 @@ from torch import nn
 from asyncrl.engine.torch import kernels
 from asyncrl.engine.torch.kernels import fp8 as fp8_kernels
 from asyncrl.engine.torch.model.fp8 import Fp8Input, fused_inputs
+from asyncrl.engine.torch.model.low_rank import LowRank
 
 
 class RMSNorm(nn.Module):
@@ -103,6 +104,8 @@ class MLP(nn.Module):
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.gate_up_fp8: Callable[[torch.Tensor], torch.Tensor] | None = None  # fp8 images (FP8 rollouts: fp8.py)
         self.down_fp8: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.gate_up_lora: LowRank | None = None  # LoRA adapters kept unmerged (low_rank.py)
+        self.down_lora: LowRank | None = None
 
     def fuse(self) -> None:
         if self.gate_up is None:
@@ -112,6 +115,8 @@ class MLP(nn.Module):
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         gate_up = self.gate_up_fp8(x) if self.gate_up_fp8 is not None else F.linear(x, *self.gate_up)  # [n, 2 * inter]
+        if self.gate_up_lora is not None:
+            gate_up = self.gate_up_lora(x, gate_up)
         if fused_inputs(gate_up, self.down_fp8):
             return self.down_fp8(Fp8Input(*fp8_kernels.silu_mul_fp8(gate_up)))
         if kernels.ops.enabled(gate_up) and gate_up.dim() == 2:
@@ -119,7 +124,8 @@ class MLP(nn.Module):
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             h = F.silu(gate) * up  # [n, inter]
-        return self.down_fp8(h) if self.down_fp8 is not None else self.down_proj(h)
+        y = self.down_fp8(h) if self.down_fp8 is not None else self.down_proj(h)  # [n, hidden]
+        return y if self.down_lora is None else self.down_lora(h, y)
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,0 +1,108 @@
+"""Adapter-only weight updates kept unmerged: the engine's matmuls add each push's adapters to their outputs.
+
+`generator.lora_apply = "unmerged"` (torch engine, `learner.lora_push = "adapter"`): instead of merging
+W = W0 + scale * B @ A at each version (adapter_merge.py, which keeps a pristine W0 of every targeted weight), the
+engine keeps the weights as they are and runs the adapters beside them, y + scale * (x A^T) B^T, the form the
+learner's own forward computes (model/low_rank.py has the buffers and the arithmetic).
+
+    load_weights(stream) ──take()──► "<module>.lora_A" / ".lora_B"   copied into the target's slot of its
+                            │                                         projection's buffers (cast to the engine's
+                            │                                         dtype, as the learner casts them), all at once
+                            │                                         when the stream ends
+                            └──────► everything else                  the model, as before: a target's weight (a
+                                                                      joining generator's base) goes into the
+                                                                      weight itself; a trained norm replaces the
+                                                                      base tensor
+    end_weight_update(v) ──apply()─► checks that each target's A and B came together; nothing to compute
+
+Against merging: no second copy of the targeted weights (13 GB for a 7B model in bf16), and a push costs the
+copy of the adapters (MBs), not a pass over every targeted weight (~40-50 ms at 7B on an H200), so the engine is
+paused for no more than the transfer. The price is two small matmuls beside each projection in every step
+(2 r (in + out) against in x out multiply-adds: ~3 % at r 64 on a 7B shape) and buffers at the learner's rank,
+made before the KV cache is sized and the CUDA graphs captured. FP8 weights (`weights_dtype = "fp8"`) are not
+supported here: their projections take quantized inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from asyncrl.engine.torch.adapter_merge import ADAPTER_LEAVES, AdapterMerge, LoraSpec, check_adapter, copy_at_end
+from asyncrl.engine.torch.model.low_rank import Slot, attach
+
+
+class AdapterSlots:
+    """Where every target's adapters are kept inside the model's LowRank buffers, and what the update in progress
+    has brought."""
+
+    def __init__(self, model: nn.Module, spec: LoraSpec) -> None:
+        self.slots: dict[str, Slot] = attach(model, spec.targets, spec.rank, spec.scale)
+        found = {p.rsplit(".", 1)[-1] for p in self.slots}
+        missing = sorted(set(spec.targets) - found)
+        if missing:
+            raise ValueError(f"LoRA targets {missing} name no linear layer of the engine's model: the learner's "
+                             "learner.lora_targets must name the engine's q/k/v/o and gate/up/down projections")
+        self.rank = spec.rank
+        self.weight_shapes = {p: model.get_submodule(p).weight.shape for p in self.slots}
+        self.arrived: dict[str, set[str]] = {}  # target path -> adapter leaves of the update in progress
+
+    @property
+    def pristine_bytes(self) -> int:
+        return 0  # the weights are never rewritten, so no pristine copy is kept
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(s.lora_A.numel() * s.lora_A.element_size() + s.lora_B.numel() * s.lora_B.element_size()
+                   for s in self.slots.values())
+
+    def take(self, named: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+        """The stream minus the adapters, which are copied into their slots when it ends (one multi-tensor copy)."""
+        copies: list[tuple[Tensor, Tensor]] = []  # (slot, the stream's tensor: a view of a receive buffer)
+        return copy_at_end(self._take(named, copies), copies)
+
+    def _take(self, named: Iterable[tuple[str, Tensor]], copies: list[tuple[Tensor, Tensor]]
+              ) -> Iterator[tuple[str, Tensor]]:
+        for name, t in named:
+            path, _, leaf = name.rpartition(".")
+            if leaf not in ADAPTER_LEAVES:
+                yield name, t
+                continue
+            slot = self.slots.get(path)
+            if slot is None:
+                raise ValueError(f"adapter {name!r} for a module that is no LoRA target of this engine "
+                                 f"(targets: {sorted({p.rsplit('.', 1)[-1] for p in self.slots})})")
+            check_adapter(name, leaf, t, self.weight_shapes[path])
+            kept = getattr(slot, leaf)
+            if t.shape != kept.shape:
+                raise ValueError(f"{name}: rank {t.shape[0] if leaf == 'lora_A' else t.shape[1]}, but this engine "
+                                 f"keeps its adapters unmerged at rank {self.rank} (learner.lora_rank when it "
+                                 "started); a new rank needs a new run, or generator.lora_apply = \"merge\"")
+            copies.append((kept, t.to(kept.device)))
+            self.arrived.setdefault(path, set()).add(leaf)
+
+    @torch.no_grad()
+    def apply(self, model: nn.Module) -> list[str]:
+        """End of an update: every target that got an adapter got both; -> their paths. The model already computes
+        with them (they were copied into its buffers)."""
+        arrived, self.arrived = self.arrived, {}
+        for path, leaves in arrived.items():
+            if len(leaves) != len(ADAPTER_LEAVES):
+                (got,) = leaves
+                raise ValueError(f"{path}: lora_A and lora_B must arrive together (got only {got})")
+        return list(arrived)
+
+
+def adapters_for(model: nn.Module, lora: LoraSpec | None, weights_dtype: str) -> AdapterMerge | AdapterSlots | None:
+    """How a torch engine applies the adapters of LoRA pushes (None: every push is whole weights)."""
+    if lora is None:
+        return None
+    if lora.apply == "merge":
+        return AdapterMerge(model, lora)
+    if weights_dtype != "model":
+        raise ValueError(f"generator.lora_apply=\"unmerged\" with generator.weights_dtype={weights_dtype!r}: the fp8 "
+                         "projections take quantized inputs the adapters cannot share; set generator.lora_apply = "
+                         "\"merge\"")
+    return AdapterSlots(model, lora)
