@@ -1,4 +1,4 @@
-"""LoRA's two weight pushes into fresh torch engines, for bench.logprob_agreement --lora-rank.
+"""LoRA's weight pushes into fresh torch engines, for bench.logprob_agreement --lora-rank.
 
 The learner side is a Hugging Face model wrapped as the learner wraps it (`asyncrl.learner.lora`: every
 `learner.lora_targets` projection a LoraLinear, the `learner.lora_trainable` norms fp32 masters beside fp32
@@ -8,12 +8,14 @@ adapters, the rest frozen in the compute dtype), its adapters and norms drawn so
     B [out, r]  normal, rescaled so that scale * B @ A has LORA_DELTA times the std of the base weight W
     norm gains  each multiplied by 1 + NORM_JITTER * normal
 
-Two engines start from copies of the base weights and get one weight update each, as `WeightReceiver` drives
+Three engines start from copies of the base weights and get one weight update each, as `WeightReceiver` drives
 it (pause -> begin_weight_update -> load_weights per bucket, from views of the bucket's flat buffer ->
 end_weight_update -> resume), the stream packed into buckets as `WeightSender` packs it:
 
     adapter   an engine with the generator's LoraSpec gets `lora.adapter_push` (A, B and the norms, fp32, as
               the learner sends them with lora_push = "adapter"); its AdapterMerge merges at the update's end
+    unmerged  the same push into an engine that keeps the adapters apart in its matmuls (generator.lora_apply =
+              "unmerged": AdapterSlots)
     full      a plain engine gets `lora.merged_tensors` (W + scale * B @ A computed by the learner), cast to
               the compute dtype as the learner sends a merged push
 """

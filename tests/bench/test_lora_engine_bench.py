@@ -1,0 +1,19 @@
+"""bench.lora_engine on CPU (tiny shape): the three engines run, the unmerged one keeps no pristine copy, and the
+JSON line carries every push and decode run it summarises."""
+
+import pytest
+
+from bench import lora_engine
+
+
+def test_lora_engine_bench_runs_on_cpu(capsys):
+    row = lora_engine.main(["--shape", "tiny", "--rank", "4", "--batch", "4", "--prompt-len", "8",
+                            "--output-len", "8", "--pushes", "2", "--repeats", "1"])
+    assert row["device"] == "cpu" and row["dtype"] == "float32" and row["commit"]
+    assert row["pristine_bytes"]["unmerged"] == 0 < row["pristine_bytes"]["merge"]
+    assert all(len(v) == 2 and min(v) > 0 for v in row["push_runs_ms"].values())
+    assert set(row["decode"]) == {"none", "merge", "unmerged"}
+    assert all(d["tok_s"] > 0 and d["step_ms"] > 0 for d in row["decode"].values())
+    ratio = row["push_ms"]["unmerged"] / row["push_ms"]["merge"]  # of the rounded medians
+    assert row["unmerged_over_merge"]["push"] == pytest.approx(ratio, rel=0.05)
+    assert '"bench": "lora_engine"' in capsys.readouterr().out
