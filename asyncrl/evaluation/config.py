@@ -13,7 +13,8 @@ class EvalConfig:
     """Held-out prompts per evaluation: made by the task (asyncrl.task.heldout), never trained on (the training
     source skips them) and de-duplicated against the training problems by their text."""
     k: int = 0
-    """Samples per prompt at the training temperature for mean@k, beside greedy pass@1 (0 = greedy only)."""
+    """Samples per prompt at the training temperature for mean@k (their mean score) and pass@k (the share of prompts
+    one of them solves), beside greedy pass@1 (0 = greedy only)."""
     max_new_tokens: int = 0
     """Response cap of evaluation samples (0 = task.max_new_tokens)."""
     timeout_s: float = 600.0

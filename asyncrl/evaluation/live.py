@@ -155,7 +155,8 @@ class LiveEvaluator:
         with open(self.run_dir / "eval.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         log.info("eval step %d: pass@1 %.3f%s (%d prompts, %.1f s)", record["step"], record["pass@1"],
-                 f", mean@{record['k']} {record['mean@k']:.3f}" if "mean@k" in record else "", record["prompts"],
+                 f", mean@{record['k']} {record['mean@k']:.3f}, pass@{record['k']} {record['pass@k']:.3f}"
+                 if "mean@k" in record else "", record["prompts"],
                  record["duration_s"])
         self._results.put(record)
 

@@ -1,7 +1,8 @@
 """One evaluation round's prompts, and its result from the completions that came back.
 
 A round asks for each held-out prompt once greedily (pass@1) and, with `eval.k`, k times at the training
-temperature (mean@k). Every response is scored by `asyncrl.reward.strict.strict_score` on the prompt's own
+temperature: mean@k (the mean score of those samples) and pass@k (the share of prompts that at least one of its k
+samples solves, score 1: what sampling can find, which training can make greedy). Every response is scored by `asyncrl.reward.strict.strict_score` on the prompt's own
 reward spec (the task's scorer on the extracted final answer), never by the run's training reward alone.
 """
 
@@ -45,7 +46,7 @@ def round_prompts(heldout: list[Prompt], cfg: EvalConfig, sampling: SamplingPara
 def summarize(step: int, prompts: list[Prompt], responses: Iterable[Response], cfg: EvalConfig,
               score: Callable[[str, RewardSpec], float] | None = None,
               greedy_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The round's record (eval.jsonl, metrics.jsonl "eval"): pass@1, mean@k, lengths, versions, missing.
+    """The round's record (eval.jsonl, metrics.jsonl "eval"): pass@1, mean@k, pass@k, lengths, versions, missing.
     `score` (response text, reward spec) -> 0..1 defaults to the strict check. `greedy_rows`, when given,
     gets one dict per greedy response (question, target, response, score: eval_responses.jsonl)."""
     if score is None:
@@ -54,11 +55,14 @@ def summarize(step: int, prompts: list[Prompt], responses: Iterable[Response], c
     by_id = {p.prompt_id: p for p in prompts}
     greedy: list[float] = []
     sampled: list[float] = []
+    solved: set[str] = set()  # sampled prompts with a sample of score 1
     lengths: list[int] = []
     versions: list[tuple[int, int]] = []
     for r in responses:
         score = strict_score(r.text, by_id[r.prompt_id].reward)
         (greedy if r.greedy else sampled).append(score)
+        if not r.greedy and score >= 1.0:
+            solved.add(r.prompt_id)
         if r.greedy:
             lengths.append(r.tokens)
             if greedy_rows is not None:
@@ -77,5 +81,7 @@ def summarize(step: int, prompts: list[Prompt], responses: Iterable[Response], c
         "check": "strict",
     }
     if cfg.k:
+        asked = sum(1 for p in prompts if p.prompt_id.endswith("-s"))
         out["mean@k"], out["k"] = sum(sampled) / max(n_sampled, 1), cfg.k
+        out["pass@k"] = len(solved) / max(asked, 1)
     return out

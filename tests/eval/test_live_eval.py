@@ -73,6 +73,7 @@ def test_round_scores_greedy_and_sampled_and_reports_versions():
     rec = summarize(5, prompts, responses, cfg, exact)
     assert rec["step"] == 5 and rec["pass@1"] == 0.5 and rec["prompts"] == 4  # 2 right of 4; 2 never came
     assert rec["mean@k"] == 1 / 8 and rec["k"] == 2 and rec["missing"] == 2 + 6
+    assert rec["pass@k"] == 1 / 4  # prompt 0's sample is right; prompts 2 and 3 never came: not solved
     assert rec["versions"] == [1, 2] and rec["response_tokens"] == 2.5
 
 
