@@ -83,6 +83,10 @@ class RunConfig:
             raise ValueError(f"generator.lora_apply=\"unmerged\" with generator.weights_dtype={gen.weights_dtype!r}: "
                              "the fp8 projections take quantized inputs the adapters cannot share; set "
                              "generator.lora_apply = \"merge\"")
+        if self.learner.lora_rank and self.learner.lora_push == "merged":
+            raise ValueError("generator.lora_apply=\"unmerged\" with learner.lora_push=\"merged\": merged pushes carry "
+                             "no adapters to keep apart; set learner.lora_push = \"adapter\" (or \"auto\"), or "
+                             "generator.lora_apply = \"merge\"")
         if gen.deterministic and self.learner.lora_rank:
             raise ValueError("generator.lora_apply=\"unmerged\" with generator.deterministic=true: the learner "
                              "re-scores with merged weights, which do not give the unmerged engine's bits; set "

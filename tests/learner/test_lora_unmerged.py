@@ -102,9 +102,10 @@ def test_only_some_targets_leave_the_others_blocks_zero(tiny_model):
     ({"engine": "sglang"}, {"lora_rank": 8}, "the setting is the torch engine's"),
     ({"weights_dtype": "fp8"}, {"lora_rank": 8}, "the fp8 projections take quantized inputs"),
     ({"deterministic": True}, {"lora_rank": 8, "off_policy": "decoupled"}, "the learner re-scores with merged"),
+    ({}, {"lora_rank": 8, "lora_push": "merged"}, "merged pushes carry no adapters"),
 ])
 def test_settings_the_unmerged_engine_cannot_serve_are_refused(gen, learner, words):
-    with pytest.raises(ValueError, match=rf"generator.lora_apply=\"unmerged\" with generator\.\w+.*{words}"):
+    with pytest.raises(ValueError, match=rf"generator.lora_apply=\"unmerged\" with (generator|learner)\.\w+.*{words}"):
         RunConfig(generator=GeneratorConfig(lora_apply="unmerged", **gen), learner=LearnerConfig(**learner))
 
 
