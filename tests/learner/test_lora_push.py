@@ -119,6 +119,13 @@ def test_bad_adapters_are_errors_naming_the_tensor(tiny_model):
     engine.load_weights([(f"{path}.lora_A", torch.zeros(4, cols))])
     with pytest.raises(ValueError, match="lora_A and lora_B must arrive together"):
         engine.end_weight_update(1)
+    # Held from an earlier version, a B does not make a later update's A alone whole: each update brings both.
+    fresh = TorchEngine(tiny_model, max_running=4, lora=SPEC)
+    update(fresh, [(f"{path}.lora_A", torch.zeros(4, cols)), (f"{path}.lora_B", torch.zeros(out, 4))], 1)
+    fresh.begin_weight_update()
+    fresh.load_weights([(f"{path}.lora_A", torch.ones(4, cols))])
+    with pytest.raises(ValueError, match=rf"{path}: lora_A and lora_B must arrive together \(got only lora_A\)"):
+        fresh.end_weight_update(2)
     with pytest.raises(ValueError, match=r"LoRA targets \['qkv_proj'\] name no linear layer"):
         TorchEngine(tiny_model, max_running=4, lora=LoraSpec(("q_proj", "qkv_proj"), 2.0))
 

@@ -110,6 +110,7 @@ class _Target:
     pristine: Tensor  # W0 [out, in], engine dtype and device
     adapters: dict[str, Tensor] = field(default_factory=dict)  # "lora_A" [r, in], "lora_B" [out, r], fp32
     changed: bool = False  # W0 or an adapter arrived in the update in progress
+    arrived: set[str] = field(default_factory=set)  # the adapter leaves of the update in progress
 
 
 class AdapterMerge:
@@ -160,6 +161,7 @@ class AdapterMerge:
                                                                device=target.pristine.device)
                 copies.append((kept, t.to(kept.device)))
                 target.changed = True
+                target.arrived.add(leaf)
             else:
                 yield name, t  # the bias: frozen, loaded as it is
 
@@ -173,9 +175,10 @@ class AdapterMerge:
                 continue
             weight = model.get_submodule(path).weight
             a, b = target.adapters.get("lora_A"), target.adapters.get("lora_B")
-            if (a is None) != (b is None):
-                raise ValueError(f"{path}: lora_A and lora_B must arrive together (got only "
-                                 f"{'lora_A' if a is not None else 'lora_B'})")
+            arrived, target.arrived = target.arrived, set()
+            if len(arrived) == 1 or (a is None) != (b is None):  # one without the other, in this update or ever
+                only = next(iter(arrived)) if len(arrived) == 1 else "lora_A" if a is not None else "lora_B"
+                raise ValueError(f"{path}: lora_A and lora_B must arrive together (got only {only})")
             if a is None or b is None:
                 weight.copy_(target.pristine)
             elif a.shape[0] != b.shape[1]:
