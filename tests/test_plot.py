@@ -25,6 +25,7 @@ def make_run(path, steps=20, eval_steps=None, reward0=0.2, eval_file=True, secon
     eval_steps = (0, steps // 2, steps) if eval_steps is None else eval_steps
     learned = [1 - math.exp(-s / (steps / 3)) for s in range(steps + 1)]  # 0 -> 0.95: a saturating curve
     evals = [{"step": s, "pass@1": 0.19 + 0.45 * learned[s], "mean@k": 0.12 + 0.4 * learned[s], "k": 8,
+              "pass@k": 0.43 + 0.4 * learned[s],
               "prompts": 64, "time_s": s * seconds_per_step + 1.0, "response_tokens": 140.0 - 40 * learned[s],
               "versions": [s, s], "check": "math_verify"} for s in eval_steps]
     lines = []
@@ -117,3 +118,13 @@ def test_a_resumed_run_keeps_the_last_line_of_a_step_and_wall_time_grows(tmp_pat
     assert [m["step"] for m in r.steps] == [1, 2, 3, 4] and r.column("reward_mean")[2:] == [0.9, 0.9]
     assert r.wall_s() == [3.0, 6.0, 8.0, 10.0]
     assert r.title == "a: model Qwen2.5-0.5B-Instruct, task gsm8k, grpo, 8x8 per step"
+
+
+def test_the_eval_panel_has_pass_at_1_mean_at_k_and_pass_at_k(tmp_path):
+    from asyncrl.plot.figure import panels
+
+    run = load_run(make_run(tmp_path / "run"))
+    (evals,) = [p for p in panels([run]) if p.title == "held-out eval"]
+    assert [s.label for s in evals.series] == ["pass@1 (greedy)", "mean@8", "pass@8 (one of 8 right)"]
+    learned = [0.0, 1 - math.exp(-1.5), 1 - math.exp(-3)]  # make_run's curve at its three evaluated steps
+    assert evals.series[2].y(run) == pytest.approx([0.43 + 0.4 * x for x in learned])

@@ -1,6 +1,6 @@
 """Held-out eval results of a run directory, read by the plot, the progress line and the final summary.
 
-Each result is one dict {"step", "pass@1", "mean@k" (optional), "k", "prompts", "time_s", "response_tokens",
+Each result is one dict {"step", "pass@1", "mean@k" and "pass@k" (optional), "k", "prompts", "time_s", "response_tokens",
 "versions", "check"}. RUN_DIR/eval.jsonl (one line per eval) is the source of truth; without it, the results
 merged into metrics.jsonl step lines under "eval" are used. A step evaluated twice (a resumed run) keeps its
 last result.

@@ -1,7 +1,7 @@
 """The curves figure: one row per panel, one column per x axis (learner step, wall time), one colour per run.
 
     training reward      reward_mean per step, and its rolling mean
-    held-out eval        pass@1 (greedy) and mean@k of eval.jsonl, a marker at each evaluated step
+    held-out eval        pass@1 (greedy), mean@k and pass@k of eval.jsonl, a marker at each evaluated step
     response length      response_len_mean of the trained samples; the eval's greedy response_tokens
     KL / mismatch        kl, behav_prox_logp_absdiff (mean, p99): whichever the run logged; log scale when > 0
     step time            step_time_s of the learner, and its rolling mean
@@ -63,7 +63,8 @@ def rolling_mean(values: list[float], window: int) -> list[float]:
 def panels(runs: list[Run]) -> list[Panel]:
     window = rolling_window(len(runs[0].steps))
     ks = {e.get("k") for r in runs for e in r.evals if e.get("mean@k") is not None}
-    mean_k = f"mean@{ks.pop()}" if len(ks) == 1 else "mean@k"
+    k = ks.pop() if len(ks) == 1 else "k"
+    mean_k, pass_k = f"mean@{k}", f"pass@{k} (one of {k} right)"
     raw, smooth = dict(lw=0.8, alpha=0.35), dict(lw=2)
     return [
         Panel(title="training reward (mean of a step's samples)", ylabel="reward", series=[
@@ -74,7 +75,9 @@ def panels(runs: list[Run]) -> list[Panel]:
             Series(label="pass@1 (greedy)", y=lambda r: r.eval_column("pass@1"), evals=True,
                    style=dict(lw=1.5, marker="o", ms=4)),
             Series(label=mean_k, y=lambda r: r.eval_column("mean@k"), evals=True,
-                   style=dict(lw=1.2, ls="--", marker="s", ms=4))]),
+                   style=dict(lw=1.2, ls="--", marker="s", ms=4)),
+            Series(label=pass_k, y=lambda r: r.eval_column("pass@k"), evals=True,
+                   style=dict(lw=1, ls=":", marker="^", ms=4))]),
         Panel(title="response length (mean)", ylabel="tokens", series=[
             Series(label="trained samples", y=lambda r: r.column("response_len_mean"), style=dict(lw=1.2)),
             Series(label="eval (greedy)", y=lambda r: r.eval_column("response_tokens"), evals=True,
