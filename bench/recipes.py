@@ -6,7 +6,7 @@
 `start` launches each run in its own process session (so it outlives the calling shell, e.g. across two
 device calls) with run directory DIR/NAME, and records the launch time. `collect` waits (at most --wait
 seconds) for every run to end, then writes DIR/results.json and prints a table per run: each held-out
-evaluation's strict pass@1 (and mean@k) with the wall time from launch at which its round ended, the final
+evaluation's strict pass@1 (and mean@k, pass@k) with the wall time from launch at which its round ended, the final
 summary, and the restatement check: held-out answers that only restate the question (e.g. "(-95 / 95)" for
 "Calculate -95 / 95.") and still scored. It draws each run's curves (asyncrl.plot) into --dest, and packs each
 run's metrics, held-out answers, summary, config and log there as runs.tgz (one file: a device call brings few back).
@@ -136,7 +136,8 @@ def summarize(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for e in evals:  # the round's end in wall time from launch
         wall = e["wall_time"] - meta["launched"] if "wall_time" in e else None
-        rows.append({"step": e["step"], "pass@1": e["pass@1"], "mean@k": e.get("mean@k"), "wall_s": wall,
+        rows.append({"step": e["step"], "pass@1": e["pass@1"], "mean@k": e.get("mean@k"), "pass@k": e.get("pass@k"),
+                     "wall_s": wall,
                      "response_tokens": e.get("response_tokens"), "missing": e.get("missing")})
     summary = _json(run / "summary.json")
     end = (run / "summary.json").stat().st_mtime - meta["launched"] if summary else None
@@ -173,10 +174,11 @@ def render(r: dict[str, Any]) -> str:
              f"steps {r['steps']}, launch -> summary {_fmt(r['end_wall_s'])} s, reward mean first 10 steps "
              f"{_fmt(r['reward_first10'])}, last 10 {_fmt(r['reward_last10'])}, eval prompts in batches "
              f"{r['eval_prompts_in_batches']}, restated answers {r['restated_and_scored']}",
-             "", "| step | wall s from launch | held-out pass@1 | mean@k | response tokens |", "|---|---|---|---|---|"]
+             "", "| step | wall s from launch | held-out pass@1 | mean@k | pass@k | response tokens |",
+             "|---|---|---|---|---|---|"]
     for e in r["evals"]:
         lines.append(f"| {e['step']} | {_fmt(e['wall_s'])} | {e['pass@1']:.3f} | {_fmt(e['mean@k'])} | "
-                     f"{_fmt(e['response_tokens'])} |")
+                     f"{_fmt(e.get('pass@k'))} | {_fmt(e['response_tokens'])} |")
     if r["accounting"]:
         lines.append(f"\naccounting: {json.dumps(r['accounting'])}")
     return "\n".join(lines)
