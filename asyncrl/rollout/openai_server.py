@@ -17,6 +17,8 @@ request, waits on its session's reply future (at most `reply_timeout_s`). The ep
 session's events on the env loop and answers. Nothing a client sends raises out of a handler: a bad request
 gets a JSON error (401 key, 404 path, 400 body, 413 size, 409 busy, 410 episode over, 504 no answer in
 time), counted in `counts`; error replies carry `x-should-retry: false` so the openai client does not retry.
+A request with `"stream": true` gets its completion as server-sent events (chat_chunks.py), all at once when the
+model's turn is done; errors stay JSON, as the API sends them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from asyncrl.rollout import chat_chunks
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         chat = self.server.chat
         chat.count("requests")
+        self.streamed = (False, False)  # (stream, include_usage) of this request's body, once it is read
         try:
             reply = self._route(chat, method)
         except Exception as e:  # noqa: BLE001 - a handler never takes the server down
@@ -202,7 +207,11 @@ class _Handler(BaseHTTPRequestHandler):
             reply = error(500, f"internal error: {type(e).__name__}", "internal")
         if reply[0] >= 400:
             chat.count(f"http_{reply[0]}")
-        self._send(reply)
+        if reply[0] == 200 and self.streamed[0]:
+            chat.count("streamed")
+            self._send_events(chat_chunks.chunks(reply[1], include_usage=self.streamed[1]))
+        else:
+            self._send(reply)
 
     def _route(self, chat: ChatServer, method: str) -> Reply:
         parts = self.path.split("?", 1)[0].strip("/").split("/", 3)  # e, episode id, v1, route
@@ -218,6 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         if isinstance(body, tuple):
             return body
+        self.streamed = chat_chunks.stream_options(body)
         try:
             return session.submit(body).result(timeout=chat.reply_timeout_s)
         except concurrent.futures.TimeoutError:
@@ -260,6 +270,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("WWW-Authenticate", "Bearer")
         if self.close_connection:
             self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_events(self, events: list[dict[str, Any]]) -> None:
+        data = chat_chunks.event_stream(events)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Content-Length", str(len(data)))  # the whole turn at once: no chunked framing needed
         self.end_headers()
         self.wfile.write(data)
 

@@ -57,6 +57,49 @@ async def solve_async(client, task):
     return solve(client, task)
 
 
+def create_streamed(client, messages, tools=TOOLS) -> tuple[dict, list[dict]]:
+    """create() with stream=True, read as the openai client reads a stream (server-sent events until [DONE]);
+    -> (the message joined from the deltas, every chunk)."""
+    body = {"model": client.model, "messages": messages, "tools": tools, "max_tokens": 64, "stream": True,
+            "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(client.base_url + "/chat/completions", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Authorization": f"Bearer {client.api_key}",
+                                                         "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        events = [line[len("data: "):] for line in r.read().decode().split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    got = [json.loads(e) for e in events[:-1]]
+    message: dict = {"role": None, "content": None}
+    calls: dict[int, dict] = {}
+    for chunk in got:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            message["role"] = delta.get("role", message["role"])
+            if delta.get("content"):
+                message["content"] = (message["content"] or "") + delta["content"]
+            for call in delta.get("tool_calls") or []:
+                calls.setdefault(call["index"], {}).update({k: v for k, v in call.items() if k != "index"})
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message, got
+
+
+def solve_streaming(client, task):
+    """solve(), every request streamed: the conversation and the trained tokens are the same."""
+    messages = list(FIRST)
+    while True:
+        msg, got = create_streamed(client, messages)
+        assert got[-1]["choices"] == [] and got[-1]["usage"]["completion_tokens"] > 0  # include_usage's chunk
+        messages.append(msg)
+        if not msg.get("tool_calls"):
+            return {"reward": float("10" in (msg["content"] or "")), "messages": float(len(messages))}
+        for call in msg["tool_calls"]:
+            args = json.loads(call["function"]["arguments"])
+            messages.append({"role": "tool", "tool_call_id": call["id"],
+                             "content": str(RUN[call["function"]["name"]](**args))})
+
+
 def rewrites_history(client, task):
     msg = create(client, list(FIRST))["choices"][0]["message"]
     edited = {**msg, "content": "I did not call a tool."}
@@ -75,6 +118,10 @@ def pokes_the_server(client, task):
         ("garbage", lambda: post(url, client.api_key, b"\x00{not json")),
         ("no_messages", lambda: post(url, client.api_key, b'{"model": "m"}')),
         ("too_big", lambda: post(url, client.api_key, b"{}", {"Content-Length": str(64 << 20)})),
+        ("stream_not_bool", lambda: post(url, client.api_key, json.dumps(
+            {"messages": FIRST, "stream": "yes"}).encode())),
+        ("stream_options_alone", lambda: post(url, client.api_key, json.dumps(
+            {"messages": FIRST, "stream_options": {"include_usage": True}}).encode())),
     ]:
         try:
             call()

@@ -114,7 +114,7 @@ def tool_turn(result):
     return f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.mark.parametrize("agent", ["solve", "solve_async"])
+@pytest.mark.parametrize("agent", ["solve", "solve_async", "solve_streaming"])
 def test_two_tool_turns_are_token_exact(tok, agent):
     samples, engine, rollout = run(tok, agent)
     assert len(samples) == 2
@@ -161,9 +161,10 @@ def test_bad_requests_are_answered_and_the_episode_goes_on(tok):
     assert s.rollout["status_wrong_key"] == 401 and s.rollout["status_other_episode"] == 401
     assert s.rollout["status_no_path"] == 404 and s.rollout["status_garbage"] == 400
     assert s.rollout["status_no_messages"] == 400 and s.rollout["status_too_big"] in (413, -1)
-    assert s.rollout["openai_bad_requests"] == 1  # only the JSON without messages reached the episode
+    assert s.rollout["status_stream_not_bool"] == 400 and s.rollout["status_stream_options_alone"] == 400
+    assert s.rollout["openai_bad_requests"] == 3  # the JSON without messages and the two stream mistakes
     counts = openai_server.shared().counts
-    assert counts["http_401"] - before.get("http_401", 0) == 2 and counts["http_400"] - before.get("http_400", 0) == 2
+    assert counts["http_401"] - before.get("http_401", 0) == 2 and counts["http_400"] - before.get("http_400", 0) == 4
     stats = rollout.stats()  # what the generator's heartbeat carries: the endpoint's refusals too
     assert stats["openai_http_401"] == counts["http_401"] and stats["openai_http_404"] == counts["http_404"]
     assert stats["openai_requests"] == counts["requests"] > 0

@@ -277,8 +277,13 @@ def parse_tool_calls(text: str, call_id: str) -> tuple[str | None, list[dict[str
 
 
 def _parse_request(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list | None]:
-    if body.get("stream"):
-        raise BadRequest("stream=true is not supported; leave it out")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be true or false")
+    options = body.get("stream_options")
+    if options is not None and (body.get("stream") is not True or not isinstance(options, dict)
+                                or not isinstance(options.get("include_usage", False), bool)):
+        raise BadRequest("'stream_options' is an object ({\"include_usage\": true|false}), allowed only with "
+                         "stream=true")
     if body.get("n") not in (None, 1):
         raise BadRequest("n must be 1 (each sample of a group is an episode of its own)")
     messages, tools = body.get("messages"), body.get("tools") or None
