@@ -75,7 +75,7 @@ class OpenAIAgent:
     @staticmethod
     def shared_stats() -> dict[str, float]:
         """The endpoint's own counters, as `openai_<name>` (requests, http_400/401/404/409/410/413,
-        connections_refused, connection_errors): what MultiTurn adds to the generator's heartbeat."""
+        streamed, connections_refused, connection_errors): what MultiTurn adds to the generator's heartbeat."""
         return {f"openai_{k}": float(v) for k, v in openai_server.shared_counts().items()}
 
     def __init__(self, agent: str, tokenizer: Any = None, chat_template: str = "") -> None:
