@@ -1,6 +1,7 @@
 """`ChatServer`: the OpenAI-compatible HTTP endpoint on loopback through which agents reach their episodes.
 
     agent thread ──POST /e/<episode>/v1/chat/completions──► handler thread ──Session.submit──► event queue
+                   (or /v1/responses)
       (openai client, Bearer <episode key>)                    │ waits on the reply future      │
          ▲                                                     │                                ▼
          └──────────────── ChatCompletion JSON ◄───────────────┘ ◄── Session.answer ◄── the episode (OpenAIAgent
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 << 20  # a chat request's JSON at most
 READ_TIMEOUT_S = 30.0  # one socket read (a request's head or body, or an idle keep-alive connection)
 MAX_CONNECTIONS = 512
-ROUTES = {("POST", "chat/completions"), ("GET", "models")}
+ROUTES = {("POST", "chat/completions"), ("POST", "responses"), ("GET", "models")}
 Reply = tuple[int, dict[str, Any]]  # (HTTP status, JSON body)
 
 
@@ -52,7 +53,8 @@ def error(status: int, message: str, kind: str) -> Reply:
 class Session:
     """One episode's end of the endpoint: the agent's requests in, the model's replies out.
 
-    Events for the episode (`next_event`): ("request", body), ("returned", value), ("raised", detail).
+    Events for the episode (`next_event`): ("request", (route, body)), route "chat/completions" or "responses";
+    ("returned", value), ("raised", detail).
     At most one request is in flight; the episode answers it (`answer`) once the model's turn is done.
     """
 
@@ -67,7 +69,7 @@ class Session:
 
     # ---- handler and agent threads
 
-    def submit(self, body: dict[str, Any]) -> concurrent.futures.Future[Reply]:
+    def submit(self, route: str, body: dict[str, Any]) -> concurrent.futures.Future[Reply]:
         fut: concurrent.futures.Future[Reply] = concurrent.futures.Future()
         with self.lock:
             if self.closed:
@@ -77,7 +79,7 @@ class Session:
                                           "one chat request at a time", "busy"))
             else:
                 self.reply = fut
-                self._push(("request", body))
+                self._push(("request", (route, body)))
         return fut
 
     def ended(self, kind: str, value: Any) -> None:
@@ -217,7 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = self.path.split("?", 1)[0].strip("/").split("/", 3)  # e, episode id, v1, route
         if len(parts) != 4 or parts[0] != "e" or parts[2] != "v1" or (method, parts[3]) not in ROUTES:
             self.close_connection = True  # its body (if any) is left unread
-            return error(404, f"no {method} {self.path[:80]!r} here; POST {{base_url}}/chat/completions", "not_found")
+            return error(404, f"no {method} {self.path[:80]!r} here; POST {{base_url}}/chat/completions or "
+                              "{base_url}/responses", "not_found")
         session = chat.authorize(parts[1], self.headers.get("Authorization", ""))
         if session is None:
             self.close_connection = True
@@ -227,9 +230,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         if isinstance(body, tuple):
             return body
-        self.streamed = chat_chunks.stream_options(body)
+        if parts[3] == "chat/completions":
+            self.streamed = chat_chunks.stream_options(body)
         try:
-            return session.submit(body).result(timeout=chat.reply_timeout_s)
+            return session.submit(parts[3], body).result(timeout=chat.reply_timeout_s)
         except concurrent.futures.TimeoutError:
             session.close(f"no reply within {chat.reply_timeout_s:g} s")
             return error(504, f"the model did not answer within {chat.reply_timeout_s:g} s", "timeout")

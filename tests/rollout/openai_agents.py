@@ -169,3 +169,63 @@ def loops_forever(client, task):
         if e.status == 410:
             released.set()
         raise
+
+
+def respond(client, body: dict) -> dict:
+    """client.responses.create(...): POST {base_url}/responses."""
+    return post(client.base_url + "/responses", client.api_key, json.dumps({"model": client.model, **body}).encode())
+
+
+RESPONSE_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                   "parameters": t["function"]["parameters"]} for t in TOOLS]
+
+
+def _answers(output: list[dict]) -> tuple[str, list[dict]]:
+    text = "".join(p["text"] for item in output if item["type"] == "message" for p in item["content"])
+    return text, [item for item in output if item["type"] == "function_call"]
+
+
+def solve_responses(client, task):
+    """solve() through /responses, the whole input sent back each turn (the output items appended as given)."""
+    items: list = [{"role": "user", "content": FIRST[1]["content"]}]
+    while True:
+        resp = respond(client, {"instructions": FIRST[0]["content"], "input": items, "tools": RESPONSE_TOOLS})
+        assert resp["object"] == "response" and resp["status"] == "completed"
+        text, calls = _answers(resp["output"])
+        items += resp["output"]
+        if not calls:
+            return {"reward": float("10" in text), "items": float(len(items))}  # user, call, output, text + call,
+            # output, text: 7
+        items += [{"type": "function_call_output", "call_id": c["call_id"],
+                   "output": str(RUN[c["name"]](**json.loads(c["arguments"])))} for c in calls]
+
+
+def solve_responses_chained(client, task):
+    """solve() through /responses, each later request naming the last response and sending only the new items."""
+    body = {"instructions": FIRST[0]["content"], "input": FIRST[1]["content"], "tools": RESPONSE_TOOLS}
+    while True:
+        resp = respond(client, body)
+        text, calls = _answers(resp["output"])
+        if not calls:
+            return {"reward": float("10" in text), "last_response_turn": float(resp["id"].rsplit("_", 1)[1])}
+        outputs = [{"type": "function_call_output", "call_id": c["call_id"],
+                    "output": str(RUN[c["name"]](**json.loads(c["arguments"])))} for c in calls]
+        body = {"previous_response_id": resp["id"], "input": outputs, "tools": RESPONSE_TOOLS}
+
+
+def pokes_responses(client, task):
+    """Bad /responses requests first (each a 400, none fatal), then the real conversation."""
+    seen = {}
+    for name, body in [
+        ("stream", {"input": "hi", "stream": True}),
+        ("image", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+        ("reasoning_item", {"input": [{"type": "reasoning", "summary": []}]}),
+        ("web_search", {"input": "hi", "tools": [{"type": "web_search"}]}),
+        ("unknown_previous", {"input": "hi", "previous_response_id": "resp_nope"}),
+        ("empty_input", {"input": []}),
+    ]:
+        try:
+            respond(client, body)
+        except HTTPError as e:
+            seen[f"status_{name}"] = float(e.status)
+    return {**solve_responses_chained(client, task), **seen}

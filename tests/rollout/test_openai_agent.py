@@ -114,7 +114,8 @@ def tool_turn(result):
     return f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.mark.parametrize("agent", ["solve", "solve_async", "solve_streaming"])
+@pytest.mark.parametrize("agent", ["solve", "solve_async", "solve_streaming", "solve_responses",
+                                   "solve_responses_chained"])
 def test_two_tool_turns_are_token_exact(tok, agent):
     samples, engine, rollout = run(tok, agent)
     assert len(samples) == 2
@@ -136,7 +137,10 @@ def test_two_tool_turns_are_token_exact(tok, agent):
         assert np.array_equal(last.prompt_token_ids, np.concatenate([s.prompt_token_ids, want[: -len(outs[2].token_ids)]]))
         assert s.env_reward == 1.0 and s.finish_reason == R.FinishReason.STOP and s.env_error == ""
         assert s.rollout["turns"] == 3 and s.rollout["tool_calls"] == 2 and s.rollout["openai_requests"] == 3
-        assert s.rollout["messages"] == 7  # system, user, (assistant, tool) x 2, assistant: what the agent held
+        if agent.startswith("solve_responses"):  # what the agent held: input items, or the chain's last turn
+            assert s.rollout.get("items", 7) == 7 and s.rollout.get("last_response_turn", 3) == 3
+        else:
+            assert s.rollout["messages"] == 7  # system, user, (assistant, tool) x 2, assistant
     assert rollout.stats()["episodes_done"] == 2
 
 
@@ -212,3 +216,12 @@ def test_parse_tool_calls():
     assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1} and calls[0]["id"] == "call_x_0"
     assert parse_tool_calls("<tool_call>{oops</tool_call>", "x") == ("<tool_call>{oops</tool_call>", [])
     assert parse_tool_calls("plain", "x") == ("plain", [])
+
+
+def test_bad_responses_requests_are_answered_and_the_episode_goes_on(tok):
+    samples, _, rollout = run(tok, "pokes_responses", n=1)
+    (s,) = samples
+    assert s.env_reward == 1.0 and s.env_error == "" and s.rollout["last_response_turn"] == 3
+    for name in ("stream", "image", "reasoning_item", "web_search", "unknown_previous", "empty_input"):
+        assert s.rollout[f"status_{name}"] == 400, name
+    assert s.rollout["openai_bad_requests"] == 6

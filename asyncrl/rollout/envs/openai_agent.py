@@ -10,7 +10,8 @@
         solve returned r ─► done, reward r          solve raised / bad history ─► this episode fails
 
 The agent gets its own base URL and key (`ClientConfig`, asyncrl/rollout/openai_server.py) and talks to the
-model through chat.completions for as many turns as it likes. The episode is token-exact: what the model
+model through chat.completions (or the Responses API, read as chat: asyncrl/rollout/responses_api.py) for as many
+turns as it likes. The episode is token-exact: what the model
 sampled is kept as sampled (never decoded and encoded again); each later request adds only its new messages,
 rendered as the chat template's difference after a model turn (as asyncrl/rollout/chat.py does for one
 message), so the agent must send back the conversation it was given (the assistant messages as returned,
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 import math
 import threading
 import time
@@ -40,12 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from asyncrl.rollout import openai_server
+from asyncrl.rollout import openai_server, responses_api
+from asyncrl.rollout.chat_messages import BadRequest, canon, parse_request, parse_tool_calls, tools_key
 from asyncrl.rollout.env_loop import Failure
 from asyncrl.rollout.environment import Action, Observation, Step, Task
-from asyncrl.rollout.envs.tool_use import TOOL_CALL  # the Hermes/Qwen <tool_call> format, defined once there
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 _MARK = "\u2063ASYNCRL\u2063"  # never in a real conversation
 _STANDIN = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK}]
 
@@ -57,10 +56,6 @@ class ClientConfig:
     base_url: str  # http://127.0.0.1:<port>/e/<episode>/v1
     api_key: str  # this episode's bearer key
     model: str = "asyncrl"  # any name is accepted
-
-
-class BadRequest(ValueError):
-    """Answered with 400; the episode goes on (the agent may send a better request)."""
 
 
 class EpisodeError(ValueError):
@@ -87,6 +82,11 @@ class OpenAIAgent:
         self.chat = _Chat(tokenizer, chat_template or None)
         self.session: openai_server.Session | None = None
         self.history: list[tuple] = []  # canonical messages of the conversation so far
+        self.messages: list[dict[str, Any]] = []  # the same messages as given and answered (chained /responses)
+        self.api = "chat/completions"  # the route of the request being answered
+        self.request: dict[str, Any] = {}  # its body (a Response echoes some of it)
+        self.response_id = ""  # the last Response's id: what a chained /responses request names
+        self.instructions: str | None = None  # the first /responses request's
         self.tools_key = ""
         self.prompt_ids = np.zeros(0, np.int64)  # [prompt_len]: the leased prompt
         self.prompt_len = self.length = 0  # prompt tokens; tokens after the prompt so far
@@ -134,8 +134,8 @@ class OpenAIAgent:
                 return self._returned(value)
             self.info["openai_requests"] += 1
             try:
-                ids = self._request(value)
-            except BadRequest as e:
+                ids = self._request(*value)
+            except (BadRequest, responses_api.ResponsesError) as e:
                 self.info["openai_bad_requests"] += 1
                 self.session.answer(openai_server.error(400, str(e), "invalid_request_error"))
                 continue
@@ -145,56 +145,69 @@ class OpenAIAgent:
             self.length += len(ids)
             return ids
 
-    def _request(self, body: dict[str, Any]) -> list[int]:
-        messages, tools = _parse_request(body)
+    def _request(self, route: str, body: dict[str, Any]) -> list[int]:
+        raw = body
+        if route == "responses":
+            body, instructions = responses_api.to_chat(body, self.response_id, self.messages, self.instructions)
+            if self.last_turn is None:
+                self.instructions = instructions
+        messages, tools = parse_request(body)
+        self.api, self.request = route, raw
         self.model = str(body.get("model") or "asyncrl")[:100]
         if self.last_turn is None:  # the first request: the whole conversation is the prompt
-            self.tools_key = _tools_key(tools)
-            self.history = [_canon(m) for m in messages]
+            self.tools_key = tools_key(tools)
+            self.history, self.messages = [canon(m) for m in messages], list(messages)
             ids = self.chat.prompt(messages, tools)
             if ids[: self.prompt_len] == self.prompt_ids.tolist():
                 return ids[self.prompt_len:]
             self.info["prompt_not_prefix"] = 1.0
             return ids
         new = self._new_messages(messages, tools)
+        self.messages += new
         return self.chat.turn(new, tools, self.last_turn)
 
     def _new_messages(self, messages: list[dict[str, Any]], tools: list | None) -> list[dict[str, Any]]:
-        if _tools_key(tools) != self.tools_key:
+        if tools_key(tools) != self.tools_key:
             raise EpisodeError("history_mismatch", "the tools differ from the episode's first request")
         n = len(self.history)
         if len(messages) <= n:
             raise EpisodeError("history_mismatch", f"{len(messages)} messages; the conversation so far has {n}: "
                                                    "send it back whole, with the new messages after it")
         for i, (had, sent) in enumerate(zip(self.history, messages)):
-            if _canon(sent) != had:
+            if canon(sent) != had:
                 raise EpisodeError("history_mismatch", f"message {i} ({sent['role']}) is not the one this "
                                                        "episode has: earlier messages must be sent back unchanged")
         new = messages[n:]
         if any(m["role"] == "assistant" for m in new):
             raise EpisodeError("history_mismatch", "a new message is an assistant message this endpoint did not "
                                                    "write (the model's turns come only from the model)")
-        self.history += [_canon(m) for m in new]
+        self.history += [canon(m) for m in new]
         return new
 
     def _answer(self, action: Action) -> int:
-        """Send the model's turn to the waiting agent as a ChatCompletion; returns its tool calls."""
+        """Send the model's turn to the waiting agent (a ChatCompletion, or a Response on /responses); returns its
+        tool calls."""
         turn = 1 + (self.last_turn.turn if self.last_turn else 0)
         content, calls = parse_tool_calls(action.text, f"{self.session.sid}_{turn}")
         finish = "length" if action.finish_reason == "length" else ("tool_calls" if calls else "stop")
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
-        prompt_tokens = self.prompt_len + self.length
+        usage = (self.prompt_len + self.length, len(action.token_ids))
         self.length += len(action.token_ids)
-        self.history.append(_canon(message))
+        self.history.append(canon(message))
+        self.messages.append(message)
         self.last_turn = action
-        self.session.answer((200, {
-            "id": f"chatcmpl-{self.session.sid}-{turn}", "object": "chat.completion", "created": int(time.time()),
-            "model": self.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(action.token_ids),
-                      "total_tokens": prompt_tokens + len(action.token_ids)}}))
+        rid = f"{self.session.sid}_{turn}"
+        if self.api == "responses":
+            reply = responses_api.response(rid, self.model, content, calls, finish, usage, self.request)
+            self.response_id = reply["id"]
+        else:
+            reply = {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()),
+                     "model": self.model,
+                     "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                     "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}
+        self.session.answer((200, reply))
         return len(calls)
 
     def _returned(self, value: Any) -> Step | Failure:
@@ -252,98 +265,6 @@ class _Chat:
 
     def _encode(self, text: str) -> list[int]:
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
-
-
-# ---------------------------------------------------------------------- messages
-
-
-def parse_tool_calls(text: str, call_id: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """The model's text -> (content, OpenAI tool_calls) for Hermes/Qwen <tool_call> JSON; text that does
-    not parse stays content, with no calls."""
-    calls = []
-    for k, raw in enumerate(TOOL_CALL.findall(text)):
-        try:
-            call = json.loads(raw)
-        except json.JSONDecodeError:
-            return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return text, []
-        args = call.get("arguments", {})
-        calls.append({"id": f"call_{call_id}_{k}", "type": "function", "function": {
-            "name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    if not calls:
-        return text, []
-    return TOOL_CALL.sub("", text).strip() or None, calls
-
-
-def _parse_request(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list | None]:
-    if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise BadRequest("'stream' must be true or false")
-    options = body.get("stream_options")
-    if options is not None and (body.get("stream") is not True or not isinstance(options, dict)
-                                or not isinstance(options.get("include_usage", False), bool)):
-        raise BadRequest("'stream_options' is an object ({\"include_usage\": true|false}), allowed only with "
-                         "stream=true")
-    if body.get("n") not in (None, 1):
-        raise BadRequest("n must be 1 (each sample of a group is an episode of its own)")
-    messages, tools = body.get("messages"), body.get("tools") or None
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        raise BadRequest("'tools' must be a list of objects")
-    out = [_message(m, i) for i, m in enumerate(messages)]
-    if out[-1]["role"] == "assistant":
-        raise BadRequest("the last message is the assistant's; continuing a partial assistant message is not "
-                         "supported")
-    return out, tools
-
-
-def _message(m: Any, i: int) -> dict[str, Any]:
-    if not isinstance(m, dict) or m.get("role") not in ROLES:
-        raise BadRequest(f"messages[{i}] must be an object with a role in {list(ROLES)}")
-    out: dict[str, Any] = {"role": m["role"], "content": _text(m.get("content"), i)}
-    for key in ("name", "tool_call_id"):
-        if isinstance(m.get(key), str):
-            out[key] = m[key]
-    calls = m.get("tool_calls")
-    if calls:
-        if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
-                                                  for c in calls):
-            raise BadRequest(f"messages[{i}].tool_calls must be a list of {{id, type, function}} objects")
-        out["tool_calls"] = [{"id": c.get("id", ""), "type": "function", "function": {
-            "name": str(c["function"].get("name", "")), "arguments": _arguments(c["function"].get("arguments"))}}
-            for c in calls]
-    return out
-
-
-def _text(content: Any, i: int) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
-
-
-def _arguments(args: Any) -> Any:
-    """A call's arguments as an object when they parse (what chat templates expect), else as given."""
-    if isinstance(args, str):
-        try:
-            return json.loads(args)
-        except json.JSONDecodeError:
-            return args
-    return args
-
-
-def _canon(m: dict[str, Any]) -> tuple:
-    """What two copies of a message must share to be the same message (not its JSON spelling)."""
-    calls = tuple((c["function"]["name"], json.dumps(_arguments(c["function"]["arguments"]), sort_keys=True))
-                  for c in m.get("tool_calls") or [])
-    return m["role"], (m.get("content") or "").strip(), m.get("tool_call_id", ""), calls
-
-
-def _tools_key(tools: list | None) -> str:
-    return json.dumps(tools or [], sort_keys=True)
 
 
 # ---------------------------------------------------------------------- the agent
