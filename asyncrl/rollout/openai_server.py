@@ -18,8 +18,8 @@ request, waits on its session's reply future (at most `reply_timeout_s`). The ep
 session's events on the env loop and answers. Nothing a client sends raises out of a handler: a bad request
 gets a JSON error (401 key, 404 path, 400 body, 413 size, 409 busy, 410 episode over, 504 no answer in
 time), counted in `counts`; error replies carry `x-should-retry: false` so the openai client does not retry.
-A request with `"stream": true` gets its completion as server-sent events (chat_chunks.py), all at once when the
-model's turn is done; errors stay JSON, as the API sends them.
+A request with `"stream": true` gets its reply as server-sent events (chat_chunks.py; responses_api.py for
+/responses), all at once when the model's turn is done; errors stay JSON, as the API sends them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from asyncrl.rollout import chat_chunks
+from asyncrl.rollout import chat_chunks, responses_api
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,10 @@ class _Handler(BaseHTTPRequestHandler):
             chat.count(f"http_{reply[0]}")
         if reply[0] == 200 and self.streamed[0]:
             chat.count("streamed")
-            self._send_events(chat_chunks.chunks(reply[1], include_usage=self.streamed[1]))
+            if reply[1].get("object") == "response":
+                self._send_events(responses_api.event_stream(responses_api.events(reply[1])))
+            else:
+                self._send_events(chat_chunks.event_stream(chat_chunks.chunks(reply[1], self.streamed[1])))
         else:
             self._send(reply)
 
@@ -232,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
             return body
         if parts[3] == "chat/completions":
             self.streamed = chat_chunks.stream_options(body)
+        else:
+            self.streamed = (responses_api.streamed(body), False)
         try:
             return session.submit(parts[3], body).result(timeout=chat.reply_timeout_s)
         except concurrent.futures.TimeoutError:
@@ -277,8 +282,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _send_events(self, events: list[dict[str, Any]]) -> None:
-        data = chat_chunks.event_stream(events)
+    def _send_events(self, data: bytes) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")

@@ -17,12 +17,17 @@ OpenAIAgent exactly as a chat request is, and the model's turn goes back as a Re
     model turn -> output: [{"type": "message", content: [{"type": "output_text", text}]} (when there is text),
                            {"type": "function_call", call_id, name, arguments} per tool call]
 
-Not served (400, the episode goes on): `stream`, input items other than messages, calls and call outputs (images,
-files, reasoning), tools other than functions, a `previous_response_id` that is not this episode's last response.
+With `"stream": true` the Response goes out as the API's server-sent events (`events`), all at once when the turn
+is whole: response.created and .in_progress, per output item its .added, text or arguments delta and .done events,
+then response.completed (or .incomplete) with the whole Response.
+
+Not served (400, the episode goes on): input items other than messages, calls and call outputs (images, files,
+reasoning), tools other than functions, a `previous_response_id` that is not this episode's last response.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -36,8 +41,8 @@ def to_chat(body: dict[str, Any], last_id: str, so_far: list[dict[str, Any]], in
     """A Responses request -> (a chat request body, its instructions). `last_id`: the episode's last response id
     ("" before the first); `so_far`: the conversation after that response (chat messages); `instructions`: the
     first request's (a chained request may repeat them, not change them)."""
-    if body.get("stream") is not None and body.get("stream") is not False:
-        raise ResponsesError("stream=true is not served on /responses (the reply comes whole); leave it out")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise ResponsesError("'stream' must be true or false")
     given = body.get("instructions")
     if given is not None and not isinstance(given, str):
         raise ResponsesError("'instructions' must be a string")
@@ -137,3 +142,43 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     return [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
             for t in tools]
 
+
+def streamed(body: dict[str, Any]) -> bool:
+    """Whether a /responses request asks for events (a JSON true only)."""
+    return body.get("stream") is True
+
+
+def events(resp: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finished Response as the event sequence a streamed request gets (module docstring), numbered."""
+    start = {**resp, "status": "in_progress", "output": [], "incomplete_details": None}
+    out: list[dict[str, Any]] = [{"type": "response.created", "response": start},
+                                 {"type": "response.in_progress", "response": start}]
+    for i, item in enumerate(resp["output"]):
+        out += _item_events(i, item)
+    out.append({"type": f"response.{'incomplete' if resp['status'] == 'incomplete' else 'completed'}",
+                "response": resp})
+    return [{**e, "sequence_number": n} for n, e in enumerate(out)]
+
+
+def _item_events(i: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    at = {"item_id": item["id"], "output_index": i}
+    if item["type"] == "message":
+        (part,) = item["content"]
+        text = part["text"]
+        return [{"type": "response.output_item.added", "output_index": i,
+                 "item": {**item, "status": "in_progress", "content": []}},
+                {"type": "response.content_part.added", **at, "content_index": 0, "part": {**part, "text": ""}},
+                {"type": "response.output_text.delta", **at, "content_index": 0, "delta": text, "logprobs": []},
+                {"type": "response.output_text.done", **at, "content_index": 0, "text": text, "logprobs": []},
+                {"type": "response.content_part.done", **at, "content_index": 0, "part": part},
+                {"type": "response.output_item.done", "output_index": i, "item": item}]
+    return [{"type": "response.output_item.added", "output_index": i,
+             "item": {**item, "status": "in_progress", "arguments": ""}},
+            {"type": "response.function_call_arguments.delta", **at, "delta": item["arguments"]},
+            {"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]},
+            {"type": "response.output_item.done", "output_index": i, "item": item}]
+
+
+def event_stream(evs: list[dict[str, Any]]) -> bytes:
+    """Server-sent events, each named by its type (the Responses stream has no [DONE] line)."""
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in evs).encode()

@@ -200,6 +200,39 @@ def solve_responses(client, task):
                    "output": str(RUN[c["name"]](**json.loads(c["arguments"])))} for c in calls]
 
 
+def respond_streamed(client, body: dict) -> dict:
+    """responses.create(stream=True): reads the server-sent events; -> the Response of response.completed, after
+    checking that the deltas join into its text and arguments."""
+    req = urllib.request.Request(client.base_url + "/responses", method="POST",
+                                 data=json.dumps({"model": client.model, "stream": True, **body}).encode(),
+                                 headers={"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        blocks = [b.split("\n") for b in r.read().decode().split("\n\n") if b]
+    evs = [json.loads(data[len("data: "):]) for name, data in blocks]
+    assert [name[len("event: "):] for name, _ in blocks] == [e["type"] for e in evs]
+    assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
+    final = evs[-1]["response"]
+    text = "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta")
+    args = [e["delta"] for e in evs if e["type"] == "response.function_call_arguments.delta"]
+    assert (evs[0]["type"], evs[-1]["type"]) == ("response.created", "response.completed")
+    assert (text, args) == (_answers(final["output"])[0], [c["arguments"] for c in _answers(final["output"])[1]])
+    return final
+
+
+def solve_responses_streamed(client, task):
+    """solve_responses_chained(), every request streamed."""
+    body = {"instructions": FIRST[0]["content"], "input": FIRST[1]["content"], "tools": RESPONSE_TOOLS}
+    while True:
+        resp = respond_streamed(client, body)
+        text, calls = _answers(resp["output"])
+        if not calls:
+            return {"reward": float("10" in text), "last_response_turn": float(resp["id"].rsplit("_", 1)[1])}
+        outputs = [{"type": "function_call_output", "call_id": c["call_id"],
+                    "output": str(RUN[c["name"]](**json.loads(c["arguments"])))} for c in calls]
+        body = {"previous_response_id": resp["id"], "input": outputs, "tools": RESPONSE_TOOLS}
+
+
 def solve_responses_chained(client, task):
     """solve() through /responses, each later request naming the last response and sending only the new items."""
     body = {"instructions": FIRST[0]["content"], "input": FIRST[1]["content"], "tools": RESPONSE_TOOLS}
@@ -217,7 +250,7 @@ def pokes_responses(client, task):
     """Bad /responses requests first (each a 400, none fatal), then the real conversation."""
     seen = {}
     for name, body in [
-        ("stream", {"input": "hi", "stream": True}),
+        ("stream", {"input": "hi", "stream": "yes"}),
         ("image", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
         ("reasoning_item", {"input": [{"type": "reasoning", "summary": []}]}),
         ("web_search", {"input": "hi", "tools": [{"type": "web_search"}]}),

@@ -115,7 +115,7 @@ def tool_turn(result):
 
 
 @pytest.mark.parametrize("agent", ["solve", "solve_async", "solve_streaming", "solve_responses",
-                                   "solve_responses_chained"])
+                                   "solve_responses_chained", "solve_responses_streamed"])
 def test_two_tool_turns_are_token_exact(tok, agent):
     samples, engine, rollout = run(tok, agent)
     assert len(samples) == 2

@@ -4,7 +4,7 @@ a Response's output items come back as the assistant message it answered, and wh
 import pytest
 
 from asyncrl.rollout.chat_messages import canon, parse_request
-from asyncrl.rollout.responses_api import ResponsesError, response, to_chat
+from asyncrl.rollout.responses_api import ResponsesError, event_stream, events, response, to_chat
 
 TOOL = {"type": "function", "name": "add", "description": "add", "parameters": {"type": "object"}}
 CALL = {"id": "call_e_1_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
@@ -56,7 +56,7 @@ def test_a_cut_turn_is_incomplete():
 
 
 @pytest.mark.parametrize("body, words", [
-    ({"input": "hi", "stream": True}, "stream=true is not served"),
+    ({"input": "hi", "stream": "yes"}, "'stream' must be true or false"),
     ({"input": 3}, "'input' must be a string"),
     ({"input": [{"type": "reasoning"}]}, "'reasoning' item"),
     ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "list of text parts"),
@@ -68,3 +68,22 @@ def test_a_cut_turn_is_incomplete():
 def test_what_is_not_served_is_one_reason(body, words):
     with pytest.raises(ResponsesError, match=words):
         to_chat(body, "", [], None)
+
+
+@pytest.mark.parametrize("content, finish", [("Let me add.", "tool_calls"), (None, "tool_calls"), ("12", "length")])
+def test_a_streamed_response_is_the_events_the_api_sends(content, finish):
+    calls = [] if finish == "length" else [CALL]
+    resp = response("e_3", "m", content, calls, finish, (3, 8), {})
+    evs = events(resp)
+    kinds = [e["type"] for e in evs]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and evs[0]["response"]["output"] == []
+    assert kinds[-1] == ("response.incomplete" if finish == "length" else "response.completed")
+    assert evs[-1]["response"] == resp and [e["sequence_number"] for e in evs] == list(range(len(evs)))
+    done = [e["item"] for e in evs if e["type"] == "response.output_item.done"]
+    assert done == resp["output"] and kinds.count("response.output_item.added") == len(done)
+    text = "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta")
+    assert text == (content or "")
+    assert [e["delta"] for e in evs if e["type"] == "response.function_call_arguments.delta"] == \
+        [c["function"]["arguments"] for c in calls]
+    data = event_stream(evs).decode()
+    assert data.count("event: ") == len(evs) and data.startswith("event: response.created\ndata: {")
