@@ -117,12 +117,7 @@ class AdapterMerge:
     """The pristine base of every targeted linear of one engine model, and the adapters last received."""
 
     def __init__(self, model: nn.Module, spec: LoraSpec) -> None:
-        paths = [p for p, m in model.named_modules()
-                 if isinstance(m, nn.Linear) and p.rsplit(".", 1)[-1] in spec.targets]
-        missing = sorted(set(spec.targets) - {p.rsplit(".", 1)[-1] for p in paths})
-        if missing:
-            raise ValueError(f"LoRA targets {missing} name no linear layer of the engine's model: the learner's "
-                             "learner.lora_targets must name the engine's q/k/v/o and gate/up/down projections")
+        paths = check_targets([p for p, m in model.named_modules() if isinstance(m, nn.Linear)], spec.targets)
         self.scale = spec.scale
         self.targets = {p: _Target(pristine=model.get_submodule(p).weight.detach().clone()) for p in paths}
 
@@ -188,6 +183,16 @@ class AdapterMerge:
             target.changed = False
             done.append(path)
         return done
+
+
+def check_targets(paths: Iterable[str], targets: tuple[str, ...]) -> list[str]:
+    """The module paths among `paths` whose last name is a target; a target that names none is a ValueError."""
+    found = [p for p in paths if p.rsplit(".", 1)[-1] in targets]
+    missing = sorted(set(targets) - {p.rsplit(".", 1)[-1] for p in found})
+    if missing:
+        raise ValueError(f"LoRA targets {missing} name no linear layer of the engine's model: the learner's "
+                         "learner.lora_targets must name the engine's q/k/v/o and gate/up/down projections")
+    return found
 
 
 def copy_at_end(stream: Iterator[tuple[str, Tensor]], copies: list[tuple[Tensor, Tensor]]

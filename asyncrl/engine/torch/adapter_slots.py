@@ -27,10 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-import torch
 from torch import Tensor, nn
 
-from asyncrl.engine.torch.adapter_merge import ADAPTER_LEAVES, AdapterMerge, LoraSpec, check_adapter, copy_at_end
+from asyncrl.engine.torch.adapter_merge import (
+    ADAPTER_LEAVES,
+    AdapterMerge,
+    LoraSpec,
+    check_adapter,
+    check_targets,
+    copy_at_end,
+)
 from asyncrl.engine.torch.model.low_rank import Slot, attach
 
 
@@ -40,11 +46,7 @@ class AdapterSlots:
 
     def __init__(self, model: nn.Module, spec: LoraSpec) -> None:
         self.slots: dict[str, Slot] = attach(model, spec.targets, spec.rank, spec.scale)
-        found = {p.rsplit(".", 1)[-1] for p in self.slots}
-        missing = sorted(set(spec.targets) - found)
-        if missing:
-            raise ValueError(f"LoRA targets {missing} name no linear layer of the engine's model: the learner's "
-                             "learner.lora_targets must name the engine's q/k/v/o and gate/up/down projections")
+        check_targets(self.slots, spec.targets)
         self.rank = spec.rank
         self.weight_shapes = {p: model.get_submodule(p).weight.shape for p in self.slots}
         self.arrived: dict[str, set[str]] = {}  # target path -> adapter leaves of the update in progress
@@ -52,11 +54,6 @@ class AdapterSlots:
     @property
     def pristine_bytes(self) -> int:
         return 0  # the weights are never rewritten, so no pristine copy is kept
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(s.lora_A.numel() * s.lora_A.element_size() + s.lora_B.numel() * s.lora_B.element_size()
-                   for s in self.slots.values())
 
     def take(self, named: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
         """The stream minus the adapters, which are copied into their slots when it ends (one multi-tensor copy)."""
@@ -83,7 +80,6 @@ class AdapterSlots:
             copies.append((kept, t.to(kept.device)))
             self.arrived.setdefault(path, set()).add(leaf)
 
-    @torch.no_grad()
     def apply(self, model: nn.Module) -> list[str]:
         """End of an update: every target that got an adapter got both; -> their paths. The model already computes
         with them (they were copied into its buffers)."""

@@ -495,4 +495,3 @@ class TorchEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
-

@@ -54,10 +54,6 @@ class LowRank:
         low = F.linear(x, self.a)  # [n, R]
         return y + self.scale * F.linear(low, self.b)
 
-    @property
-    def nbytes(self) -> int:
-        return self.a.numel() * self.a.element_size() + self.b.numel() * self.b.element_size()
-
 
 def attach(model: torch.nn.Module, targets: tuple[str, ...], rank: int, scale: float) -> dict[str, Slot]:
     """Give every projection of `model` (a fused CausalLM) that a target feeds its LowRank; -> {target path: Slot}.
