@@ -47,12 +47,12 @@ def build(model: str, mode: str, rank: int, alpha: float, batch: int, max_len: i
 
 
 def adapter_buckets(engine, rank: int, seed: int = 0) -> list[tuple[torch.Tensor, list]]:
-    """Random fp32 adapters for every target of `engine`, packed as WeightSender packs a push."""
+    """Random fp32 adapters for every target of `engine` (a merging one), packed as WeightSender packs a push."""
     from asyncrl.weights.bucket import DEFAULT_BUCKET_BYTES, iter_buckets
 
     g = torch.Generator(device=engine.device).manual_seed(seed)
     named = []
-    for path in sorted(engine.adapters.slots if hasattr(engine.adapters, "slots") else engine.adapters.targets):
+    for path in sorted(engine.adapters.targets):
         out, cols = engine.model.get_submodule(path).weight.shape
         named.append((f"{path}.lora_A", torch.randn(rank, cols, device=engine.device, generator=g) / cols ** 0.5))
         named.append((f"{path}.lora_B", torch.randn(out, rank, device=engine.device, generator=g) * 0.01))
