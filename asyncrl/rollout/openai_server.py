@@ -263,6 +263,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             return error(400, f"the body is not JSON ({str(e)[:120]})", "invalid_request_error")
+        except RecursionError:  # a nesting bomb: within MAX_BODY_BYTES, deeper than the parser goes
+            return error(400, "the body's JSON nests too deep", "invalid_request_error")
         if not isinstance(body, dict):
             return error(400, "the body must be a JSON object", "invalid_request_error")
         return body

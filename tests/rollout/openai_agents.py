@@ -116,6 +116,7 @@ def pokes_the_server(client, task):
         ("other_episode", lambda: post(url.replace("/e/", "/e/0"), client.api_key, b"{}")),
         ("no_path", lambda: post(client.base_url + "/embeddings", client.api_key, b"{}")),
         ("garbage", lambda: post(url, client.api_key, b"\x00{not json")),
+        ("nesting_bomb", lambda: post(url, client.api_key, b"[" * 200_000 + b"]" * 200_000)),
         ("no_messages", lambda: post(url, client.api_key, b'{"model": "m"}')),
         ("too_big", lambda: post(url, client.api_key, b"{}", {"Content-Length": str(64 << 20)})),
         ("stream_not_bool", lambda: post(url, client.api_key, json.dumps(

@@ -164,11 +164,12 @@ def test_bad_requests_are_answered_and_the_episode_goes_on(tok):
     assert s.env_reward == 1.0 and s.env_error == ""
     assert s.rollout["status_wrong_key"] == 401 and s.rollout["status_other_episode"] == 401
     assert s.rollout["status_no_path"] == 404 and s.rollout["status_garbage"] == 400
+    assert s.rollout["status_nesting_bomb"] == 400  # refused by the server, never reaching the episode
     assert s.rollout["status_no_messages"] == 400 and s.rollout["status_too_big"] in (413, -1)
     assert s.rollout["status_stream_not_bool"] == 400 and s.rollout["status_stream_options_alone"] == 400
     assert s.rollout["openai_bad_requests"] == 3  # the JSON without messages and the two stream mistakes
     counts = openai_server.shared().counts
-    assert counts["http_401"] - before.get("http_401", 0) == 2 and counts["http_400"] - before.get("http_400", 0) == 4
+    assert counts["http_401"] - before.get("http_401", 0) == 2 and counts["http_400"] - before.get("http_400", 0) == 5
     stats = rollout.stats()  # what the generator's heartbeat carries: the endpoint's refusals too
     assert stats["openai_http_401"] == counts["http_401"] and stats["openai_http_404"] == counts["http_404"]
     assert stats["openai_requests"] == counts["requests"] > 0
