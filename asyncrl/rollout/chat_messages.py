@@ -26,7 +26,7 @@ def parse_tool_calls(text: str, call_id: str) -> tuple[str | None, list[dict[str
     for k, raw in enumerate(TOOL_CALL.findall(text)):
         try:
             call = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # the model's text: any of it, nesting bombs included
             return text, []
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return text, []
@@ -92,7 +92,7 @@ def _arguments(args: Any) -> Any:
     if isinstance(args, str):
         try:
             return json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # what an agent sent: kept as its string
             return args
     return args
 

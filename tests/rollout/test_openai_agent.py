@@ -217,6 +217,12 @@ def test_parse_tool_calls():
     assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1} and calls[0]["id"] == "call_x_0"
     assert parse_tool_calls("<tool_call>{oops</tool_call>", "x") == ("<tool_call>{oops</tool_call>", [])
     assert parse_tool_calls("plain", "x") == ("plain", [])
+    bomb = "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>"  # a policy can write this
+    assert parse_tool_calls(bomb, "x") == (bomb, [])
+    from asyncrl.rollout.chat_messages import canon
+    deep = "[" * 5000 + "]" * 5000
+    message = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": deep}}]}
+    assert canon(message)[3] == (("f", json.dumps(deep)),)  # arguments that do not parse are compared as given
 
 
 def test_bad_responses_requests_are_answered_and_the_episode_goes_on(tok):

@@ -89,8 +89,10 @@ def test_tool_use_runs_the_call_and_scores_the_final_answer():
 def test_tool_use_answers_bad_calls_with_an_error_the_model_reads():
     env = ToolUse()
     env.reset(task())
-    step = env.step(act('<tool_call>{"name": "shell", "arguments": {}}</tool_call><tool_call>nope</tool_call>'))
-    assert step.tool_calls == 2 and step.observation.message["content"].count("error:") == 2
+    bomb = "[" * 5000 + "]" * 5000  # nested deeper than the JSON parser goes
+    step = env.step(act('<tool_call>{"name": "shell", "arguments": {}}</tool_call><tool_call>nope</tool_call>'
+                        f"<tool_call>{bomb}</tool_call>"))
+    assert step.tool_calls == 3 and step.observation.message["content"].count("error:") == 3
     with pytest.raises(ValueError, match="unknown"):
         ToolUse(tools=["shell"])
 

@@ -72,7 +72,7 @@ def _parse(raw: str) -> tuple[str, dict[str, Any]] | str:
     """(name, arguments), or the error text the model gets back."""
     try:
         call = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # the model's text, nesting bombs included
         return "error: a tool call must be a JSON object with name and arguments"
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return "error: a tool call must be a JSON object with name and arguments"
