@@ -41,9 +41,14 @@ def create(client, messages, tools=TOOLS) -> dict:
 
 def solve(client, task):
     """Calls tools until the model answers; reward 1 when the answer has 10."""
+    return _conversation(lambda messages: create(client, messages)["choices"][0]["message"])
+
+
+def _conversation(ask) -> dict:
+    """The chat agents' loop: `ask(messages)` -> the model's message; tools run until it answers."""
     messages = list(FIRST)
     while True:
-        msg = create(client, messages)["choices"][0]["message"]
+        msg = ask(messages)
         messages.append(msg)
         if not msg.get("tool_calls"):
             return {"reward": float("10" in (msg["content"] or "")), "messages": float(len(messages))}
@@ -87,17 +92,12 @@ def create_streamed(client, messages, tools=TOOLS) -> tuple[dict, list[dict]]:
 
 def solve_streaming(client, task):
     """solve(), every request streamed: the conversation and the trained tokens are the same."""
-    messages = list(FIRST)
-    while True:
+    def ask(messages):
         msg, got = create_streamed(client, messages)
         assert got[-1]["choices"] == [] and got[-1]["usage"]["completion_tokens"] > 0  # include_usage's chunk
-        messages.append(msg)
-        if not msg.get("tool_calls"):
-            return {"reward": float("10" in (msg["content"] or "")), "messages": float(len(messages))}
-        for call in msg["tool_calls"]:
-            args = json.loads(call["function"]["arguments"])
-            messages.append({"role": "tool", "tool_call_id": call["id"],
-                             "content": str(RUN[call["function"]["name"]](**args))})
+        return msg
+
+    return _conversation(ask)
 
 
 def rewrites_history(client, task):
@@ -197,8 +197,7 @@ def solve_responses(client, task):
         if not calls:
             return {"reward": float("10" in text), "items": float(len(items))}  # user, call, output, text + call,
             # output, text: 7
-        items += [{"type": "function_call_output", "call_id": c["call_id"],
-                   "output": str(RUN[c["name"]](**json.loads(c["arguments"])))} for c in calls]
+        items += _call_outputs(calls)
 
 
 def respond_streamed(client, body: dict) -> dict:
@@ -223,28 +222,28 @@ def respond_streamed(client, body: dict) -> dict:
 
 def solve_responses_streamed(client, task):
     """solve_responses_chained(), every request streamed."""
-    body = {"instructions": FIRST[0]["content"], "input": FIRST[1]["content"], "tools": RESPONSE_TOOLS}
-    while True:
-        resp = respond_streamed(client, body)
-        text, calls = _answers(resp["output"])
-        if not calls:
-            return {"reward": float("10" in text), "last_response_turn": float(resp["id"].rsplit("_", 1)[1])}
-        outputs = [{"type": "function_call_output", "call_id": c["call_id"],
-                    "output": str(RUN[c["name"]](**json.loads(c["arguments"])))} for c in calls]
-        body = {"previous_response_id": resp["id"], "input": outputs, "tools": RESPONSE_TOOLS}
+    return _chained(lambda body: respond_streamed(client, body))
 
 
 def solve_responses_chained(client, task):
     """solve() through /responses, each later request naming the last response and sending only the new items."""
+    return _chained(lambda body: respond(client, body))
+
+
+def _chained(send) -> dict:
     body = {"instructions": FIRST[0]["content"], "input": FIRST[1]["content"], "tools": RESPONSE_TOOLS}
     while True:
-        resp = respond(client, body)
+        resp = send(body)
         text, calls = _answers(resp["output"])
         if not calls:
             return {"reward": float("10" in text), "last_response_turn": float(resp["id"].rsplit("_", 1)[1])}
-        outputs = [{"type": "function_call_output", "call_id": c["call_id"],
-                    "output": str(RUN[c["name"]](**json.loads(c["arguments"])))} for c in calls]
-        body = {"previous_response_id": resp["id"], "input": outputs, "tools": RESPONSE_TOOLS}
+        body = {"previous_response_id": resp["id"], "input": _call_outputs(calls), "tools": RESPONSE_TOOLS}
+
+
+def _call_outputs(calls: list[dict]) -> list[dict]:
+    """What the agent's tools answer to the model's function_call items."""
+    return [{"type": "function_call_output", "call_id": c["call_id"],
+             "output": str(RUN[c["name"]](**json.loads(c["arguments"])))} for c in calls]
 
 
 def pokes_responses(client, task):
