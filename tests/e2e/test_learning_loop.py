@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def launch(run_dir: Path, *sets: str, resume: bool = False, wait: bool = True, **popen: Any) -> subprocess.Popen:
     args = ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
     cmd = [sys.executable, "-m", "launch", *args, "--set", "launch.progress=false",
+           "--set", "eval.every=0",  # the embedded default evaluates; a test that looks at it sets eval.every itself
            *[x for s in sets for x in ("--set", s)]]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
     if wait:

@@ -56,7 +56,7 @@ def test_embedded_default_learns_across_two_ray_nodes_on_loopback(cluster, tmp_p
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "launch", "--run-dir", str(run_dir), "--set", "launch.progress=false",
            "--set", "launch.placement=ray", "--set", f"launch.ray_address={cluster.address}",
-           "--set", "learner.steps=80", "--set", "learner.checkpoint_every=40"]
+           "--set", "learner.steps=80", "--set", "learner.checkpoint_every=40", "--set", "eval.every=0"]
     with SocketWatch(os.getpid()) as watch:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
