@@ -2,8 +2,9 @@
 
 A round asks for each held-out prompt once greedily (pass@1) and, with `eval.k`, k times at the training
 temperature: mean@k (the mean score of those samples) and pass@k (the share of prompts that at least one of its k
-samples solves, score 1: what sampling can find, which training can make greedy). Every response is scored by `asyncrl.reward.strict.strict_score` on the prompt's own
-reward spec (the task's scorer on the extracted final answer), never by the run's training reward alone.
+samples solves, score 1: what sampling can find, which training can make greedy). Every response is scored by
+`asyncrl.reward.strict.strict_score` on the prompt's own reward spec (the task's scorer on the extracted final
+answer), never by the run's training reward alone.
 """
 
 from __future__ import annotations

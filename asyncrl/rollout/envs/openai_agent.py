@@ -81,8 +81,7 @@ class OpenAIAgent:
         self.agent = _load_agent(agent)
         self.chat = _Chat(tokenizer, chat_template or None)
         self.session: openai_server.Session | None = None
-        self.history: list[tuple] = []  # canonical messages of the conversation so far
-        self.messages: list[dict[str, Any]] = []  # the same messages as given and answered (chained /responses)
+        self.messages: list[dict[str, Any]] = []  # the conversation so far, as given and answered
         self.api = "chat/completions"  # the route of the request being answered
         self.request: dict[str, Any] = {}  # its body (a Response echoes some of it)
         self.response_id = ""  # the last Response's id: what a chained /responses request names
@@ -156,7 +155,7 @@ class OpenAIAgent:
         self.model = str(body.get("model") or "asyncrl")[:100]
         if self.last_turn is None:  # the first request: the whole conversation is the prompt
             self.tools_key = tools_key(tools)
-            self.history, self.messages = [canon(m) for m in messages], list(messages)
+            self.messages = list(messages)
             ids = self.chat.prompt(messages, tools)
             if ids[: self.prompt_len] == self.prompt_ids.tolist():
                 return ids[self.prompt_len:]
@@ -169,19 +168,18 @@ class OpenAIAgent:
     def _new_messages(self, messages: list[dict[str, Any]], tools: list | None) -> list[dict[str, Any]]:
         if tools_key(tools) != self.tools_key:
             raise EpisodeError("history_mismatch", "the tools differ from the episode's first request")
-        n = len(self.history)
+        n = len(self.messages)
         if len(messages) <= n:
             raise EpisodeError("history_mismatch", f"{len(messages)} messages; the conversation so far has {n}: "
                                                    "send it back whole, with the new messages after it")
-        for i, (had, sent) in enumerate(zip(self.history, messages)):
-            if canon(sent) != had:
+        for i, (had, sent) in enumerate(zip(self.messages, messages)):
+            if canon(sent) != canon(had):
                 raise EpisodeError("history_mismatch", f"message {i} ({sent['role']}) is not the one this "
                                                        "episode has: earlier messages must be sent back unchanged")
         new = messages[n:]
         if any(m["role"] == "assistant" for m in new):
             raise EpisodeError("history_mismatch", "a new message is an assistant message this endpoint did not "
                                                    "write (the model's turns come only from the model)")
-        self.history += [canon(m) for m in new]
         return new
 
     def _answer(self, action: Action) -> int:
@@ -195,7 +193,6 @@ class OpenAIAgent:
             message["tool_calls"] = calls
         usage = (self.prompt_len + self.length, len(action.token_ids))
         self.length += len(action.token_ids)
-        self.history.append(canon(message))
         self.messages.append(message)
         self.last_turn = action
         rid = f"{self.session.sid}_{turn}"
