@@ -32,6 +32,7 @@ import logging
 import secrets
 import threading
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -201,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         chat = self.server.chat
         chat.count("requests")
-        self.streamed = (False, False)  # (stream, include_usage) of this request's body, once it is read
+        self.stream: Callable[[dict[str, Any]], bytes] | None = None  # a streamed request's framing of its reply
         try:
             reply = self._route(chat, method)
         except Exception as e:  # noqa: BLE001 - a handler never takes the server down
@@ -209,12 +210,9 @@ class _Handler(BaseHTTPRequestHandler):
             reply = error(500, f"internal error: {type(e).__name__}", "internal")
         if reply[0] >= 400:
             chat.count(f"http_{reply[0]}")
-        if reply[0] == 200 and self.streamed[0]:
+        if reply[0] == 200 and self.stream is not None:
             chat.count("streamed")
-            if reply[1].get("object") == "response":
-                self._send_events(responses_api.event_stream(responses_api.events(reply[1])))
-            else:
-                self._send_events(chat_chunks.event_stream(chat_chunks.chunks(reply[1], self.streamed[1])))
+            self._send_events(self.stream(reply[1]))
         else:
             self._send(reply)
 
@@ -233,10 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         if isinstance(body, tuple):
             return body
-        if parts[3] == "chat/completions":
-            self.streamed = chat_chunks.stream_options(body)
-        else:
-            self.streamed = (responses_api.streamed(body), False)
+        self.stream = _stream_framing(parts[3], body)
         try:
             return session.submit(parts[3], body).result(timeout=chat.reply_timeout_s)
         except concurrent.futures.TimeoutError:
@@ -294,6 +289,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # counted instead; a per-request log line would flood the generator's log
+
+
+def _stream_framing(route: str, body: dict[str, Any]) -> Callable[[dict[str, Any]], bytes] | None:
+    """How a request that asked for a stream gets its reply as server-sent events (None: plain JSON)."""
+    if route == "responses":
+        return (lambda r: responses_api.event_stream(responses_api.events(r))) if responses_api.streamed(body) else None
+    streamed, usage = chat_chunks.stream_options(body)
+    return (lambda r: chat_chunks.event_stream(chat_chunks.chunks(r, usage))) if streamed else None
 
 
 _SHARED: ChatServer | None = None
