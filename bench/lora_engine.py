@@ -37,11 +37,12 @@ TINY = Shape(64, 2, 4, 2, 128, max_positions=1024)  # CPU: keeps the bench alive
 
 def build(model: str, mode: str, rank: int, alpha: float, batch: int, max_len: int, device: str, dtype: str):
     from asyncrl.engine.torch.adapter_merge import LoraSpec
+    from asyncrl.engine.torch.block_manager import blocks_for
     from asyncrl.engine.torch.engine import TorchEngine
     from asyncrl.learner.config import DEFAULT_LORA_TARGETS
 
     lora = None if mode == "none" else LoraSpec(DEFAULT_LORA_TARGETS, alpha / rank, rank, mode)
-    blocks = batch * -(-max_len // 16) + 64
+    blocks = batch * blocks_for(max_len, 16) + 64
     return TorchEngine(model, device=device, dtype=dtype, max_running=batch, num_kv_blocks=blocks,
                        kv_block_size=16, max_model_len=max_len, max_prefill_tokens=16384, lora=lora)
 
