@@ -118,7 +118,10 @@ class Flusher:
 
     def close(self) -> None:
         """Write what is left, stop both threads, close the segment. After a writer error (already raised by
-        `sync()`) nothing more is written."""
+        `sync()`) nothing more is written. A second call does nothing: closing the wake pipe's descriptors twice
+        would close whatever the process opened under those numbers since (another hub's ZeroMQ sockets)."""
+        if self.wake_fd < 0:
+            return
         if self.error is None:
             self.sync()
         self._jobs.put(None)
@@ -133,6 +136,7 @@ class Flusher:
             log.error("journal segment not closed cleanly after the writer failed: %s", e)
         os.close(self.wake_fd)
         os.close(self._wake_w)
+        self.wake_fd = self._wake_w = -1  # a late _wake writes to no descriptor (OSError, ignored)
 
     def _put(self, kind: str, payload: Any) -> None:
         self.submitted += 1

@@ -182,3 +182,23 @@ def test_a_lease_is_answered_before_its_grant_is_durable_but_a_peer_s_replies_st
         disk.release.set()
         asking.join(10)
         assert held and held[0].info == {"prompt_ids": ["c"]}
+
+
+def test_a_second_close_leaves_descriptors_opened_since_alone(tmp_path):
+    """Closing the background journal twice must not close the wake pipe's numbers again: the process may have
+    reused them (another hub's ZeroMQ sockets saw 'Socket operation on non-socket' in the suite)."""
+    import os
+
+    j = Journal.open(tmp_path / "run", background=True)
+    synthetic_run(j, 2, prompts_per_step=1, n=2, tokens=4)
+    fds = (j.flusher.wake_fd, j.flusher._wake_w)
+    j.close()
+    reused = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]  # the lowest free numbers: the pipe's among them
+    try:
+        assert set(fds) <= set(reused)
+        j.close()
+        for fd in reused:
+            os.fstat(fd)  # still open: OSError (EBADF) if the second close took it
+    finally:
+        for fd in reused:
+            os.close(fd)
