@@ -209,7 +209,8 @@ def test_gpu_bf16_compiled_reference_is_the_fresh_base(tiny_model, monkeypatch):
     cfg = {**KL, "compile": True}
     t = Trainer(LearnerConfig(**cfg), str(tiny_model), device="cuda:0", dtype="bfloat16")
     metrics = [t.train_step(make_batch(seed=s, step=s)) for s in range(1, 4)]
-    assert metrics[0]["kl"] == 0.0 and metrics[-1]["kl"] > 0
+    kls = [m["kl"] for m in metrics]  # step 1: policy = reference up to the compiled graphs' rounding
+    assert abs(kls[0]) < 1e-5 and kls[-1] > 1e-5, kls
     mbs, refs, _ = seen[-1]
     fresh = Trainer(LearnerConfig(**cfg), str(tiny_model), device="cuda:0", dtype="bfloat16")
     for mb, ref in zip(mbs, refs, strict=True):
