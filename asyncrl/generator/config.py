@@ -54,7 +54,7 @@ class GeneratorConfig:
     of the base (one more copy of every targeted weight; the engine stops while it merges, ~40-50 ms a push at
     7B on an H200). unmerged: the weights stay the base and every projection adds scale * (x A^T) B^T, the
     learner's own form (no second copy; a push only copies the adapters; two small matmuls beside each
-    projection in every step). Not with weights_dtype = "fp8", deterministic mode or learner.lora_push = "merged".
+    projection in every step: a decode step 1.28x as long at 7B, batch 128, on an H100). Not with weights_dtype = "fp8", deterministic mode or learner.lora_push = "merged".
     docs/lora.md compares them."""
     prefix_cache: bool = True
     """Torch engine: keep the KV of full 16-token pages after a request ends and reuse it for a later request whose
