@@ -25,6 +25,11 @@
 # 2026-12-05 (third session), what fit: call 1 `env` + `part_a`; call 2 `model`, an arithmetic pair, `collect --wait 280`,
 # then a GSM pair (`nice -n 10`, learner.micro_batch_tokens=16384) and `collect --wait 210`; calls 3-4 collect (GSM ends
 # ~22 min after call 2 began). With all four running the H200 had 139 of 143 GB in use: on an H100, one pair at a time.
+# 2026-12-05 (fifth session, an H100): two calls before the runs. Call 1 carries .whl + .part_a (`env`, `part_a`); call 2
+# carries .part_b + .part_c (56 MB + the ~10 MB tree: just under the 64 MiB) and runs `part_b`, `model`, `bench.recipes
+# start` of a pair and `collect --wait 515 --every 60` (ends ~9:35 after the launch; the runs' summaries come at ~9:25).
+# Two arithmetic runs at the recipe's sizes take ~50 GB. Never `pkill -f` a pattern that your own command line
+# contains (it ends the call's shell: one follow-up call died that way).
 set -euo pipefail
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 M=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
