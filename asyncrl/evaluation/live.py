@@ -171,6 +171,11 @@ def response(scored: ScoredSample, decode: Callable[[np.ndarray], str] | None = 
                     tokens=len(s.response_token_ids), versions=versions)
 
 
+def answer_tokens(token_ids: np.ndarray, loss_mask: np.ndarray | None) -> np.ndarray:
+    """What the strict check reads of a sample: the whole response, or an episode's last model turn."""
+    return token_ids if loss_mask is None or loss_mask.all() else final_turn(token_ids, loss_mask)
+
+
 def final_turn(token_ids: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     """The model's last turn of an episode: its last run of policy tokens (mask 1) — [] when the episode ends on
     environment tokens. The strict check reads only this, never a tool's output: the last number of the whole

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from asyncrl.evaluation.config import EvalConfig
-from asyncrl.evaluation.live import final_turn
+from asyncrl.evaluation.live import answer_tokens
 from asyncrl.evaluation.rounds import Response, round_prompts, summarize
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.models.config import ModelConfig, resolve_model_path
@@ -54,7 +54,7 @@ def evaluate(model: ModelConfig, task: TaskConfig, evaluation: EvalConfig, gener
             rollout.close()
     finally:
         engine.close()
-    decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     record = summarize(0, prompts, [_response(pid, t, decode) for pid, t in finished], evaluation)
     if generator.rollout.multi_turn:
         record.update(_episode_figures(finished))
@@ -105,11 +105,9 @@ def _run(engine: Any, rollout: Rollout, prompts: list[Prompt], tokenizer: Any, l
 
 
 def _response(prompt_id: str, t: Trajectory, decode: Callable[[np.ndarray], str]) -> Response:
-    """What the strict check reads of a sample: the whole response, or an episode's last model turn (never an
-    environment's tokens: a calculator's result is not the model's answer)."""
-    ids = t.token_ids if t.loss_mask is None or t.loss_mask.all() else final_turn(t.token_ids, t.loss_mask)
-    return Response(prompt_id=prompt_id, greedy=prompt_id.endswith("-g"), tokens=len(t.token_ids), text=decode(ids),
-                    versions=None)
+    """A finished sample as the strict check reads it (answer_tokens: an episode's last model turn)."""
+    return Response(prompt_id=prompt_id, greedy=prompt_id.endswith("-g"), tokens=len(t.token_ids),
+                    text=decode(answer_tokens(t.token_ids, t.loss_mask)), versions=None)
 
 
 def _episode_figures(finished: list[Finished]) -> dict[str, float]:
