@@ -13,12 +13,15 @@
 #   4. pipeline_7b    bench.pipeline configs/gpu-1-lora.toml, async only, stopped after 6 steps (no export),
 #                     learner.compile off (its ~1 min first step does not fit), checkpoint every 2 steps:
 #                     steady step, adapter push ms and bytes, checkpoint stall and files, each process's GPU peaks
-#                     generator.lora_apply = $LORA_APPLY (default merge; unmerged: adapters kept apart)
+#                     generator.lora_apply = $LORA_APPLY (default merge; unmerged: adapters kept apart),
+#                     generator.ipc_staging = $LORA_STAGING (default false; true: the push waits for no decode step)
 #   5. engine_7b      bench.lora_engine on the 7B folder: the engine's two ways to apply adapters (merge,
 #                     unmerged) and no LoRA, side by side: the receiving side of a push, decode step, tokens/s
 #                     (after the pipeline, whose pause is the bar: this one gets what is left)
 #   6. learner_7b     bench.learner on the 7B folder, LoRA r64 alone on the GPU, with one timed checkpoint
 #                     (only if >= 80 s are left)
+# LORA_PIPELINE_SETS="--set K=V ..." adds to the 7B pipeline's settings (an 80 GB H100 needs
+# "--set learner.micro_batch_tokens=2048 --set generator.kv_cache_tokens=65536" for both processes to fit).
 # LORA_SKIP="make_1.5b learner_1.5b ..." leaves those steps out (1.5B and the 7B learner were measured twice by
 # 2026-12-05; the next call needs make_7b, engine_7b and pipeline_7b with LORA_APPLY=unmerged).
 # nvidia-smi samples used / free memory every 0.5 s throughout (nvidia_smi.csv). summary.json holds the
@@ -136,8 +139,9 @@ step learner_1.5b 120 60 python -m bench.learner --model "$MODELS/1.5b" --shape 
   --skip-hf --steps 3 --warmup 1
 step make_7b 120 40 python -m bench.make_model --shape 7b --out "$MODELS/7b"
 step pipeline_7b 220 100 python -m bench.pipeline configs/gpu-1-lora.toml --set "model.path=$MODELS/7b" \
-  --set "generator.lora_apply=${LORA_APPLY:-merge}" --set learner.compile=false --set learner.checkpoint_every=2 --set learner.steps=40 \
-  --modes async --repeats 1 --stop-after 6 --keep "$RUNS" --timeline "$RES/pipeline_7b_timeline.json"
+  --set "generator.lora_apply=${LORA_APPLY:-merge}" --set "generator.ipc_staging=${LORA_STAGING:-false}" --set learner.compile=false --set learner.checkpoint_every=2 --set learner.steps=40 \
+  --modes async --repeats 1 --stop-after 6 --keep "$RUNS" --timeline "$RES/pipeline_7b_timeline.json" \
+  ${LORA_PIPELINE_SETS:-}
 step engine_7b 150 60 python -m bench.lora_engine --model "$MODELS/7b" --rank 64 --batch 128 --prompt-len 256 \
   --output-len 128 --pushes 5 --repeats 2
 step learner_7b 120 80 python -m bench.learner --model "$MODELS/7b" --shape 7b --lora-rank 64 \

@@ -66,7 +66,8 @@ def build_generator(
     engine = build_engine(gen, model, device, model_path, lora)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     hub = hub_peer(hub_endpoints(endpoints), name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
-    weights = WeightReceiver(endpoints["weights"], name, device, engine, credentials=Credentials.from_env())
+    weights = WeightReceiver(endpoints["weights"], name, device, engine, credentials=Credentials.from_env(),
+                             ipc_staging=gen.ipc_staging)
     timeline = Timeline(run_dir, name)
     rollout = build_rollout(gen.rollout, tokenizer, engine.limits().vocab_size)
     worker = GeneratorWorker(

@@ -54,8 +54,8 @@ class GeneratorConfig:
     of the base (one more copy of every targeted weight; the engine stops while it merges, ~40-50 ms a push at
     7B on an H200). unmerged: the weights stay the base and every projection adds scale * (x A^T) B^T, the
     learner's own form (no second copy; a push only copies the adapters; two small matmuls beside each
-    projection in every step: a decode step 1.28x as long at 7B, batch 128, on an H100). Not with weights_dtype = "fp8", deterministic mode or learner.lora_push = "merged".
-    docs/lora.md compares them."""
+    projection in every step: a decode step 1.28x as long at 7B, batch 128, on an H100). Not with
+    weights_dtype = "fp8", deterministic mode or learner.lora_push = "merged". docs/lora.md compares them."""
     prefix_cache: bool = True
     """Torch engine: keep the KV of full 16-token pages after a request ends and reuse it for a later request whose
     tokens start the same way, computed by the same weights (a weight update forgets every page): an episode's
@@ -63,6 +63,13 @@ class GeneratorConfig:
     otherwise free KV blocks (evicted least recently used first) and costs a hash per page of each prompt. A hit's
     logprobs equal an uncached run's up to rounding (the prefill computes fewer rows). Off in deterministic mode,
     whose numbers must not depend on what ran before. The SGLang engine has the server's radix cache instead."""
+    ipc_staging: bool = False
+    """Torch engine on the learner's GPU (weight pushes by CUDA IPC): copy each pushed bucket out of the learner's
+    buffer on a side stream and ack it, then load it without waiting for the engine's stream, so a push does not
+    wait for the decode step in flight (at 7B that step is ~9 ms of the ~18 ms a generator is paused). The paused
+    time is then the host's work; the loads (and a LoRA merge) still run before the next step, on the GPU. Costs
+    one bucket-sized buffer per bucket in flight. Not measured on a GPU yet (docs/lora.md); no effect on NCCL or
+    gloo pushes."""
 
     def __post_init__(self) -> None:
         if self.count < 1:

@@ -14,10 +14,19 @@ Lifetime (who waits for whom):
 
 Even if the learner frees `flat` early, torch's IPC ref counter keeps the block out of the allocator until
 every opener has released it; the Ack ordering is what makes the bytes stable while they are read.
+
+Staged (`IpcTransport(stage=True)`, generator.ipc_staging): the generator opens each bucket on a side stream and
+copies it into a buffer of its own there, so the copy waits for the learner's event only, not for the decode
+step in flight on the engine's stream; once that copy is done the bucket may be acked, and the engine loads from
+its own copy with nothing on its stream waited for:
+
+    generator: open handle on the side stream -> copy into a local buffer (same stream) -> poll its event
+               -> drop the view -> Ack -> load_weights from the local buffer (engine stream, no host wait)
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -87,20 +96,61 @@ class _Opened:
         return self._flat
 
 
+class _Staged:
+    """A bucket being copied out of the learner's buffer on a side stream; `result` is the generator's copy."""
+
+    def __init__(self, shared: torch.Tensor, local: torch.Tensor, done: torch.cuda.Event):
+        self._shared, self._local, self._done = shared, local, done
+
+    def ready(self) -> bool:
+        return self._done.query()
+
+    def result(self, timeout_s: float) -> torch.Tensor:
+        deadline, pause = time.monotonic() + timeout_s, 2e-5
+        while not self._done.query():  # a host-side poll: no stream of the engine waits on the copy
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CUDA IPC staging copy not done within {timeout_s:.0f}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-4)
+        self._shared = None  # the learner's buffer is read: it may go once this bucket is acked
+        # made on the side stream, read on the engine's: not reused before the engine's reads are done
+        self._local.record_stream(torch.cuda.current_stream(self._local.device))
+        return self._local
+
+
 class IpcTransport:
     kind = "ipc"
-    reads_in_place = True
+
+    def __init__(self, stage: bool = False):
+        """stage (generator side): copy each bucket out on a side stream before its Ack (module docstring)."""
+        self.stage = stage
+        self.reads_in_place = not stage  # staged, the engine never reads the learner's buffer itself
+        self._side: torch.cuda.Stream | None = None
 
     def start(self, flat: torch.Tensor) -> _Shared:
         return _Shared(share(flat))
 
-    def post(self, bucket: WeightBucket, device: torch.device) -> _Opened:
+    def post(self, bucket: WeightBucket, device: torch.device) -> _Opened | _Staged:
         if bucket.ipc_handle is None:
             raise ValueError("WeightBucket on a CUDA IPC link carries no ipc_handle")
+        if not self.stage:
+            return _Opened(self._open(bucket, device))
+        if self._side is None:
+            self._side = torch.cuda.Stream(device)
+        with torch.cuda.stream(self._side):  # the open waits for the learner's event on this stream
+            shared = self._open(bucket, device)
+            local = torch.empty_like(shared)
+            local.copy_(shared, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._side)
+        return _Staged(shared, local, done)
+
+    @staticmethod
+    def _open(bucket: WeightBucket, device: torch.device) -> torch.Tensor:
         flat = open_shared(bucket.ipc_handle, device)
         if flat.numel() != bucket.nbytes:
             raise ValueError(f"CUDA IPC buffer has {flat.numel()} bytes, bucket announces {bucket.nbytes}")
-        return _Opened(flat)
+        return flat
 
     def close(self) -> None:
         pass

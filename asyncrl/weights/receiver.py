@@ -14,6 +14,10 @@ When an update begins, poll() runs the whole update before returning (the engine
                                                                                      resume()
                                   <----    Ack(end, timings)   -> UpdateResult(version=v, aborted=[...])
 
+A CUDA IPC bucket is read in place, so the engine's stream is synchronized before its Ack (which waits for
+the decode step in flight too), and again after end_weight_update; staged (generator.ipc_staging, cuda_ipc.py)
+each bucket is copied out on a side stream first and neither wait happens.
+
 Each wait for the learner has a timeout whose error says what the generator waited for. If the update
 fails (learner gone, bad bucket, load error) the engine stays paused with its update session open (its
 weights are partly new, so it must not generate), the group is closed, and the receiver joins again: the
@@ -85,11 +89,15 @@ class WeightReceiver:
         timeout_s: float = 60.0,
         max_bucket_bytes: int | None = None,
         credentials: Credentials | None = None,
+        ipc_staging: bool = False,
     ):
         """host: this generator's address as the learner sees it. max_bucket_bytes: refuse bigger buckets.
-        credentials: the run role this receiver proves to the learner's weight socket (None: none asked)."""
+        credentials: the run role this receiver proves to the learner's weight socket (None: none asked).
+        ipc_staging: on a CUDA IPC link, copy each bucket out on a side stream and never wait for the engine's
+        stream (generator.ipc_staging; `_end_update`)."""
         self.name, self.device, self.engine = generator_name, torch.device(device), engine
         self.host, self.timeout_s, self.max_bucket_bytes = host, timeout_s, max_bucket_bytes
+        self.ipc_staging = ipc_staging
         self._transport: WeightTransport | None = None
         self._session_open = False  # begin_weight_update() ran and end_weight_update() did not yet
         self._rejoin_at: float | None = None  # monotonic time of the next WeightJoin after a failed join
@@ -208,10 +216,14 @@ class WeightReceiver:
     def _end_update(self, version: int, timings: dict[str, float]) -> None:
         """end_weight_update (a LoRA engine merges its adapters there, an FP8 one requantizes), then wait for the
         device: every load and that work landed before the Ack (the learner may reuse what was read) and inside
-        the paused time (the next decode step would wait for it on the stream anyway). apply_s: the two."""
+        the paused time (the next decode step would wait for it on the stream anyway). apply_s: the two.
+        Staged IPC buckets were copied out before their Acks, so nothing is waited for: the engine resumes while
+        its stream still runs the step in flight, the loads and that work, in that order; the paused time is then
+        the host's work only, and what the push costs the GPU is not in it."""
         t = time.perf_counter()
         self.engine.end_weight_update(version)
-        if self.device.type == "cuda":
+        staged = isinstance(self._transport, IpcTransport) and self._transport.stage
+        if self.device.type == "cuda" and not staged:
             torch.cuda.current_stream(self.device).synchronize()
         timings["apply_s"] = time.perf_counter() - t
 
@@ -293,7 +305,7 @@ class WeightReceiver:
             self.engine.init_weights_group(init)
             return _Direct(self.engine)
         if init.backend == "ipc":
-            return IpcTransport()
+            return IpcTransport(stage=self.ipc_staging)
         if init.world_size != 2 or init.rank_offset != 1:
             raise ValueError(f"group {init.group_name}: one receiving rank expected, got rank_offset={init.rank_offset} world_size={init.world_size}")
         if init.backend == "nccl" and self.device.type == "cuda":

@@ -86,12 +86,12 @@ class FakeEngine:
 
 
 def run_generator(endpoint: str, name: str, out_q, stop, device: str = "cpu", fail_load_at_version=None,
-                  die_at_version=None, end_s: float = 0.0) -> None:
+                  die_at_version=None, end_s: float = 0.0, ipc_staging: bool = False) -> None:
     """A generator loop: poll between (fake) decode steps, report every update result to the test."""
     from asyncrl.weights.receiver import WeightReceiver
 
     engine = FakeEngine(device, fail_load_at_version, die_at_version, end_s)
-    rx = WeightReceiver(endpoint, name, device, engine, timeout_s=10.0)
+    rx = WeightReceiver(endpoint, name, device, engine, timeout_s=10.0, ipc_staging=ipc_staging)
     try:
         while not stop.is_set():
             result = rx.poll(0.01)
