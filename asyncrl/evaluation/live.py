@@ -33,7 +33,7 @@ import numpy as np
 
 from asyncrl.evaluation.config import EvalConfig
 from asyncrl.evaluation.rounds import Response, round_prompts, summarize
-from asyncrl.records import Prompt, SamplingParams, ScoredSample
+from asyncrl.records import Prompt, Sample, SamplingParams, ScoredSample
 from asyncrl.task.config import TaskConfig
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class LiveEvaluator:
         for h in handles:  # late samples of this round are counted as rejected by the client, not kept
             client.handles.pop(h.prompt_id, None)
         rows: list[dict[str, Any]] = []
-        record = summarize(step, prompts, [response(s, self.decode) for s in got], self.cfg, self.score,
+        record = summarize(step, prompts, [response(s.sample, self.decode) for s in got], self.cfg, self.score,
                            greedy_rows=rows)
         now = time.time()
         record.update(time_s=now - self.t0, duration_s=now - start, wall_time=now)
@@ -161,19 +161,14 @@ class LiveEvaluator:
         self._results.put(record)
 
 
-def response(scored: ScoredSample, decode: Callable[[np.ndarray], str] | None = None) -> Response:
-    s = scored.sample
+def response(s: Sample, decode: Callable[[np.ndarray], str] | None = None) -> Response:
+    """A sample as the strict check reads it: its text, or with `decode` an episode's last model turn."""
     versions = (int(s.versions.min()), int(s.versions.max())) if len(s.versions) else None
     text = s.response_text
     if decode is not None and s.loss_mask is not None and not s.loss_mask.all():
         text = decode(final_turn(s.response_token_ids, s.loss_mask))
     return Response(prompt_id=s.prompt_id, greedy=s.prompt_id.endswith("-g"), text=text,
                     tokens=len(s.response_token_ids), versions=versions)
-
-
-def answer_tokens(token_ids: np.ndarray, loss_mask: np.ndarray | None) -> np.ndarray:
-    """What the strict check reads of a sample: the whole response, or an episode's last model turn."""
-    return token_ids if loss_mask is None or loss_mask.all() else final_turn(token_ids, loss_mask)
 
 
 def final_turn(token_ids: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:

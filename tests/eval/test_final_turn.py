@@ -32,18 +32,18 @@ def test_the_last_model_turn_is_what_is_scored():
     assert final_turn(scored.sample.response_token_ids, scored.sample.loss_mask).tolist() == ANSWER
     spec = R.RewardSpec(target="56")
     assert strict_score(scored.sample.response_text, spec) == 0.0  # the whole episode ends on the model's 54
-    assert response(scored, decode).text == "It is 54"
+    assert response(scored.sample, decode).text == "It is 54"
 
 
 def test_an_episode_ending_on_a_tool_output_has_no_answer():
     scored = sample([(CALL, 1), (TOOL, 0)])
     spec = R.RewardSpec(target="56")
     assert strict_score(scored.sample.response_text, spec) == 1.0  # read whole, the calculator's 56 would count
-    text = response(scored, decode).text
+    text = response(scored.sample, decode).text
     assert text == "" and strict_score(text, spec) == 0.0
 
 
 def test_single_turn_samples_keep_their_text():
     scored = sample([(ANSWER, 1)])
-    assert response(scored, decode).text == scored.sample.response_text == "It is 54"
-    assert response(sample([(CALL, 1), (TOOL, 0), (ANSWER, 1)])).text.endswith("54")  # no decoder: as before
+    assert response(scored.sample, decode).text == scored.sample.response_text == "It is 54"
+    assert response(sample([(CALL, 1), (TOOL, 0), (ANSWER, 1)]).sample).text.endswith("54")  # no decoder: as before

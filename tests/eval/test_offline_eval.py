@@ -7,12 +7,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-import numpy as np
-
-from asyncrl import records as R
 from asyncrl.eval.__main__ import main
-from asyncrl.evaluation.offline import _response
-from asyncrl.rollout.protocol import Trajectory
 
 REVEAL = textwrap.dedent('''
     from asyncrl.rollout.environment import Observation, Step
@@ -59,19 +54,6 @@ def test_multi_turn_continues_after_each_observation(capsys, tmp_path, monkeypat
                  "--set", "generator.rollout.environment=reveal_env:Reveal", "--set", "generator.rollout.max_turns=2")
     assert record["missing"] == 0 and record["episodes_failed"] == 0
     assert record["turns_mean"] == 2.0  # every episode: the model, the environment's answer, the model again
-
-
-def test_a_response_is_the_last_model_turn_of_its_episode():
-    decode = lambda ids: " ".join(str(int(i)) for i in ids)  # noqa: E731
-    t = Trajectory(sample_index=0, token_ids=np.array([1, 2, 99, 98, 3]), logprobs=np.zeros(5, np.float32),
-                   versions=np.zeros(5, np.int32), finish_reason=R.FinishReason.STOP,
-                   loss_mask=np.array([1, 1, 0, 0, 1]))
-    assert _response("eval-0-g", t, decode).text == "3"  # the environment's 99 98 are never the answer
-    t.loss_mask = np.array([1, 1, 0, 0, 0])
-    assert _response("eval-0-s", t, decode).text == ""  # an episode that ends on the environment answered nothing
-    t.loss_mask = None
-    r = _response("eval-0-g", t, decode)
-    assert r.text == "1 2 99 98 3" and r.greedy and r.tokens == 5
 
 
 def test_a_bad_config_is_one_line_and_exit_2(capsys):
