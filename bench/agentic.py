@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from asyncrl import records as R
+from asyncrl.generator.local_hub import LocalHub
 from asyncrl.generator.worker import GeneratorWorker
 from asyncrl.rollout.config import RolloutConfig
 from asyncrl.rollout.environment import Observation, Step
@@ -61,23 +62,6 @@ class SlowTool:
         if action.turn >= self.turns:
             return Step(reward=1.0, done=True, tool_calls=1)
         return Step(observation=Observation(token_ids=self.rng.integers(0, VOCAB, self.k).tolist()), tool_calls=1)
-
-
-class LocalHub:
-    """The hub's part the generator sees, in process: leases `prompts` once, keeps what comes back."""
-
-    timeout_s = 30.0
-
-    def __init__(self, prompts: list[R.Prompt]) -> None:
-        self.queue, self.samples = list(prompts), []
-
-    def request(self, msg: Any) -> Any:
-        if isinstance(msg, R.LeaseRequest):
-            take, self.queue = self.queue[: msg.max_prompts], self.queue[msg.max_prompts:]
-            return R.Lease(lease_id="L", prompts=take, policy_version=0, expires_in_s=600.0)
-        if isinstance(msg, R.SampleBatch):
-            self.samples += msg.samples
-        return R.Ack(info={"policy_version": 0})
 
 
 class Metered:

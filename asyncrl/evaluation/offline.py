@@ -2,7 +2,7 @@
 and `asyncrl.evaluation.rounds` scores them strictly, as the live evaluation does during training.
 
 The samples are made by the generator's own loop (`GeneratorWorker`, with the config's `generator.rollout`)
-against an in-process stand-in for the hub (`RoundHub`): one engine request per prompt, or, for a multi-turn
+against an in-process stand-in for the hub (`asyncrl.generator.local_hub`): one engine request per prompt, or, for a multi-turn
 config, whole episodes against its environment (tool calls answered, next turns continued from the exact
 tokens), each scored on the model's last turn as the live evaluation scores it. A multi-turn record adds
 `turns_mean` and `tool_calls_mean` per greedy episode (and `...@k` per sampled one) and `episodes_failed`.
@@ -25,38 +25,6 @@ from asyncrl.models.config import ModelConfig, resolve_model_path
 from asyncrl.task.config import TaskConfig
 
 
-class RoundHub:
-    """The part of the hub a generator talks to, in process, for one round: it leases the round's prompts once,
-    keeps the samples that come back, and records the prompts the generator could not take, with why."""
-
-    timeout_s = 30.0
-
-    def __init__(self, prompts: list[R.Prompt]) -> None:
-        self.by_id = {p.prompt_id: p for p in prompts}
-        self.queue = list(prompts)
-        self.samples: list[R.Sample] = []
-        self.failed: dict[str, str] = {}  # prompt id -> the generator's reason
-
-    def left(self) -> int:
-        """Samples neither back nor given up on."""
-        expected = sum(p.n for p in self.by_id.values())
-        return expected - len(self.samples) - sum(self.by_id[pid].n for pid in self.failed)
-
-    def request(self, msg: Any) -> Any:
-        if isinstance(msg, R.LeaseRequest):
-            take, self.queue = self.queue[: msg.max_prompts], self.queue[msg.max_prompts:]
-            return R.Lease(lease_id="eval", prompts=take, policy_version=0, expires_in_s=3600.0)
-        if isinstance(msg, R.SampleBatch):
-            self.samples += msg.samples
-        elif isinstance(msg, R.ReturnPrompts):
-            for pid in msg.prompt_ids:
-                if msg.reason:
-                    self.failed[pid] = msg.reason
-                else:  # handed back unfinished: lease it again
-                    self.queue.append(self.by_id[pid])
-        return R.Ack(info={"policy_version": 0})
-
-
 def evaluate(model: ModelConfig, task: TaskConfig, evaluation: EvalConfig, generator: GeneratorConfig, device: str,
              log: Any = None) -> dict[str, Any]:
     """One round over the task's held-out prompts with the model at model.path (an engine of the generators'
@@ -65,6 +33,7 @@ def evaluate(model: ModelConfig, task: TaskConfig, evaluation: EvalConfig, gener
 
     from asyncrl.engine.torch.engine import TorchEngine
     from asyncrl.generator.build import build_rollout
+    from asyncrl.generator.local_hub import LocalHub
     from asyncrl.generator.worker import GeneratorWorker
     from asyncrl.task import task_sampling
     from asyncrl.task.heldout import heldout_prompts
@@ -75,7 +44,7 @@ def evaluate(model: ModelConfig, task: TaskConfig, evaluation: EvalConfig, gener
     tokenizer = AutoTokenizer.from_pretrained(path)
     engine = TorchEngine(path, device=device, dtype=model.dtype, max_running=generator.max_running,
                          seed=generator.seed, residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32)
-    hub = RoundHub(prompts)
+    hub = LocalHub(prompts)
     try:
         rollout = build_rollout(generator.rollout, tokenizer, engine.limits().vocab_size)
         try:
@@ -95,7 +64,7 @@ def evaluate(model: ModelConfig, task: TaskConfig, evaluation: EvalConfig, gener
     return record
 
 
-def _drain(worker: Any, hub: RoundHub, log: Any) -> None:
+def _drain(worker: Any, hub: Any, log: Any) -> None:
     """Run the generator's loop until every sample came back or its prompt was given up on (logged)."""
     total, last = hub.left(), time.monotonic()
     while hub.left() > 0:
