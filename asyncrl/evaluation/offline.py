@@ -2,9 +2,9 @@
 and `asyncrl.evaluation.rounds` scores them strictly, as the live evaluation does during training.
 
 The samples are made by the generator's own loop (`GeneratorWorker`, with the config's `generator.rollout`)
-against an in-process stand-in for the hub (`asyncrl.generator.local_hub`): one engine request per prompt, or, for a multi-turn
-config, whole episodes against its environment (tool calls answered, next turns continued from the exact
-tokens), each scored on the model's last turn as the live evaluation scores it. A multi-turn record adds
+against an in-process stand-in for the hub (`asyncrl.generator.local_hub`): one engine request per prompt, or,
+for a multi-turn config, whole episodes against its environment (tool calls answered, next turns continued from
+the exact tokens), each scored on the model's last turn as the live evaluation scores it. A multi-turn record adds
 `turns_mean` and `tool_calls_mean` per greedy episode (and `...@k` per sampled one) and `episodes_failed`.
 
 `evaluate` reads the sections of a run's config it needs (model, task, eval, and the generators' batch size,

@@ -16,14 +16,14 @@ class LocalHub:
 
     def __init__(self, prompts: list[R.Prompt]) -> None:
         self.by_id = {p.prompt_id: p for p in prompts}
+        self.expected = sum(p.n for p in prompts)  # samples the prompts ask for
         self.queue = list(prompts)
         self.samples: list[R.Sample] = []
         self.failed: dict[str, str] = {}  # prompt id -> the generator's reason
 
     def left(self) -> int:
         """Samples neither back nor given up on."""
-        expected = sum(p.n for p in self.by_id.values())
-        return expected - len(self.samples) - sum(self.by_id[pid].n for pid in self.failed)
+        return self.expected - len(self.samples) - sum(self.by_id[pid].n for pid in self.failed)
 
     def request(self, msg: Any) -> Any:
         if isinstance(msg, R.LeaseRequest):

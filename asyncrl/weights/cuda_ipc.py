@@ -26,12 +26,12 @@ its own copy with nothing on its stream waited for:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from asyncrl.records import WeightBucket
+from asyncrl.weights.group import poll
 
 _FIELDS = (
     "device", "handle", "storage_size_bytes", "storage_offset_bytes",
@@ -106,12 +106,8 @@ class _Staged:
         return self._done.query()
 
     def result(self, timeout_s: float) -> torch.Tensor:
-        deadline, pause = time.monotonic() + timeout_s, 2e-5
-        while not self._done.query():  # a host-side poll: no stream of the engine waits on the copy
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"CUDA IPC staging copy not done within {timeout_s:.0f}s")
-            time.sleep(pause)
-            pause = min(pause * 2, 5e-4)
+        if poll(self._done.query, timeout_s):  # a host-side wait: no stream of the engine waits on the copy
+            raise TimeoutError(f"CUDA IPC staging copy not done within {timeout_s:.0f}s")
         self._shared = None  # the learner's buffer is read: it may go once this bucket is acked
         # made on the side stream, read on the engine's: not reused before the engine's reads are done
         self._local.record_stream(torch.cuda.current_stream(self._local.device))

@@ -61,6 +61,22 @@ _NCCL_TIMEOUT_SLACK_S = 300.0
 T = TypeVar("T")
 
 
+def poll(done: Callable[[], bool], timeout_s: float, give_up: Callable[[], bool] | None = None) -> str:
+    """Host-side wait for `done()` (a transfer or a copy on the GPU): "" once it is, "stopping" as soon as
+    `give_up()`, "timeout" after timeout_s. Sleeps 20 us doubling to 0.5 ms between asks: a bucket takes ~1 ms on
+    NVLink, so waking late costs push time, and polling without sleeping costs one core."""
+    deadline = time.monotonic() + timeout_s
+    pause = 2e-5
+    while not done():
+        if give_up is not None and give_up():
+            return "stopping"
+        if time.monotonic() > deadline:
+            return "timeout"
+        time.sleep(pause)
+        pause = min(pause * 2, 5e-4)
+    return ""
+
+
 class WeightGroupError(RuntimeError):
     """A weight group could not be created, or an operation on it failed or timed out."""
 
@@ -136,16 +152,12 @@ class WeightGroup:
     def wait(self, work: Any, timeout_s: float, give_up: Callable[[], bool] | None = None) -> None:
         """Block until `work` is done; WeightGroupError on failure, after `timeout_s`, or as soon as `give_up()`
         (e.g. the learner is stopping: a peer that died with the launcher is not waited for)."""
-        deadline = time.monotonic() + timeout_s
-        pause = 2e-5  # a bucket takes ~1 ms on NVLink: waking late costs push time, polling costs one core
-        while not work.is_completed():
-            if give_up is not None and give_up():
-                raise WeightGroupError(f"weight group {self.group_name!r} rank {self.rank}: stopping, not waiting")
-            if time.monotonic() > deadline:
-                raise WeightGroupError(f"weight group {self.group_name!r} rank {self.rank}/{self.world_size}: broadcast "
-                                       f"timed out after {timeout_s:.1f}s (a peer is gone or never posted its side)")
-            time.sleep(pause)
-            pause = min(pause * 2, 5e-4)
+        why = poll(work.is_completed, timeout_s, give_up)
+        if why == "stopping":
+            raise WeightGroupError(f"weight group {self.group_name!r} rank {self.rank}: stopping, not waiting")
+        if why == "timeout":
+            raise WeightGroupError(f"weight group {self.group_name!r} rank {self.rank}/{self.world_size}: broadcast "
+                                   f"timed out after {timeout_s:.1f}s (a peer is gone or never posted its side)")
         try:
             work.wait()  # raises the backend's error; on CUDA, orders the current stream after it
         except Exception as e:
