@@ -137,7 +137,7 @@ def summarize(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
     for e in evals:  # the round's end in wall time from launch
         wall = e["wall_time"] - meta["launched"] if "wall_time" in e else None
         rows.append({"step": e["step"], "pass@1": e["pass@1"], "mean@k": e.get("mean@k"), "pass@k": e.get("pass@k"),
-                     "wall_s": wall,
+                     "wall_s": wall, "tool_calls_mean": e.get("tool_calls_mean"),
                      "response_tokens": e.get("response_tokens"), "missing": e.get("missing")})
     summary = _json(run / "summary.json")
     end = (run / "summary.json").stat().st_mtime - meta["launched"] if summary else None
@@ -145,8 +145,16 @@ def summarize(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
             "steps": metrics[-1]["step"] if metrics else 0, "end_wall_s": end,
             "reward_first10": _mean([m.get("reward_mean") for m in metrics[:10]]),
             "reward_last10": _mean([m.get("reward_mean") for m in metrics[-10:]]),
+            "tool_calls_first10": _calls_per_episode(metrics[:10]), "tool_calls_last10": _calls_per_episode(metrics[-10:]),
             "accounting": (summary or {}).get("accounting"), "restated_and_scored": restated(run),
             "eval_prompts_in_batches": sum(m.get("eval_prompts_in_batch", 0) for m in metrics)}
+
+
+def _calls_per_episode(metrics: list[dict[str, Any]]) -> float | None:
+    """Tool calls per trained episode over these steps' batches; None when no step ran an environment."""
+    rows = [m for m in metrics if "tool_calls" in m]
+    episodes = sum(m.get("samples_trained", 0) for m in rows)
+    return sum(m["tool_calls"] for m in rows) / episodes if episodes else None
 
 
 def restated(run: Path) -> dict[str, int]:
@@ -173,12 +181,14 @@ def render(r: dict[str, Any]) -> str:
     lines = [f"## {r['name']} ({r['config']} {' '.join(r['overrides'])})",
              f"steps {r['steps']}, launch -> summary {_fmt(r['end_wall_s'])} s, reward mean first 10 steps "
              f"{_fmt(r['reward_first10'])}, last 10 {_fmt(r['reward_last10'])}, eval prompts in batches "
-             f"{r['eval_prompts_in_batches']}, restated answers {r['restated_and_scored']}",
-             "", "| step | wall s from launch | held-out pass@1 | mean@k | pass@k | response tokens |",
-             "|---|---|---|---|---|---|"]
+             f"{r['eval_prompts_in_batches']}, restated answers {r['restated_and_scored']}"
+             + (f", tool calls per trained episode first 10 steps {_fmt(r['tool_calls_first10'])}, last 10 "
+                f"{_fmt(r['tool_calls_last10'])}" if r.get("tool_calls_first10") is not None else ""),
+             "", "| step | wall s from launch | held-out pass@1 | mean@k | pass@k | response tokens | tool calls (greedy) |",
+             "|---|---|---|---|---|---|---|"]
     for e in r["evals"]:
         lines.append(f"| {e['step']} | {_fmt(e['wall_s'])} | {e['pass@1']:.3f} | {_fmt(e['mean@k'])} | "
-                     f"{_fmt(e.get('pass@k'))} | {_fmt(e['response_tokens'])} |")
+                     f"{_fmt(e.get('pass@k'))} | {_fmt(e['response_tokens'])} | {_fmt(e.get('tool_calls_mean'))} |")
     if r["accounting"]:
         lines.append(f"\naccounting: {json.dumps(r['accounting'])}")
     return "\n".join(lines)

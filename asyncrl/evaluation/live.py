@@ -8,7 +8,8 @@ The learner asks for an evaluation after pushing the weights of a step; the eval
 prompts (`asyncrl.evaluation.rounds`) as evaluation prompts: the hub leases them before any training prompt and
 outside admission, and forgets them once scored, so they never enter a batch or the run's accounting
 (`asyncrl.replay.state`). The thread scores each response strictly itself and appends the round's record to
-RUN_DIR/eval.jsonl (and each greedy answer, with its question and score, to RUN_DIR/eval_responses.jsonl); the
+RUN_DIR/eval.jsonl (a multi-turn round adds `turns_mean` and `tool_calls_mean` per greedy episode, `@k` per sampled
+one: `rounds.episode_figures`; each greedy answer, with its question and score, goes to RUN_DIR/eval_responses.jsonl); the
 learner drains `results()` into its next metrics line, so training never waits for
 an evaluation, except the final one (`wait`), bounded by eval.timeout_s.
 
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from asyncrl.evaluation.config import EvalConfig
-from asyncrl.evaluation.rounds import Response, round_prompts, summarize
+from asyncrl.evaluation.rounds import Response, episode_figures, round_prompts, summarize
 from asyncrl.records import Prompt, Sample, SamplingParams, ScoredSample
 from asyncrl.task.config import TaskConfig
 
@@ -145,6 +146,8 @@ class LiveEvaluator:
         rows: list[dict[str, Any]] = []
         record = summarize(step, prompts, [response(s.sample, self.decode) for s in got], self.cfg, self.score,
                            greedy_rows=rows)
+        if self.decode is not None:  # multi-turn: how often the held-out episodes called a tool, how long they ran
+            record.update(episode_figures([s.sample for s in got]))
         now = time.time()
         record.update(time_s=now - self.t0, duration_s=now - start, wall_time=now)
         with open(self.run_dir / "eval_responses.jsonl", "a") as f:  # what the model answered, for reading
@@ -154,10 +157,11 @@ class LiveEvaluator:
     def _publish(self, record: dict[str, Any]) -> None:
         with open(self.run_dir / "eval.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        log.info("eval step %d: pass@1 %.3f%s (%d prompts, %.1f s)", record["step"], record["pass@1"],
+        log.info("eval step %d: pass@1 %.3f%s%s (%d prompts, %.1f s)", record["step"], record["pass@1"],
                  f", mean@{record['k']} {record['mean@k']:.3f}, pass@{record['k']} {record['pass@k']:.3f}"
-                 if "mean@k" in record else "", record["prompts"],
-                 record["duration_s"])
+                 if "mean@k" in record else "",
+                 f", tool calls {record['tool_calls_mean']:.3f} an episode" if "tool_calls_mean" in record else "",
+                 record["prompts"], record["duration_s"])
         self._results.put(record)
 
 

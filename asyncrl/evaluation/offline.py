@@ -16,10 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from asyncrl import records as R
 from asyncrl.evaluation.config import EvalConfig
 from asyncrl.evaluation.live import response
-from asyncrl.evaluation.rounds import round_prompts, summarize
+from asyncrl.evaluation.rounds import episode_figures, round_prompts, summarize
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.models.config import ModelConfig, resolve_model_path
 from asyncrl.task.config import TaskConfig
@@ -60,7 +59,7 @@ def evaluate(model: ModelConfig, task: TaskConfig, evaluation: EvalConfig, gener
     decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if multi_turn else None
     record = summarize(0, prompts, [response(s, decode) for s in hub.samples], evaluation)
     if multi_turn:
-        record.update(_episode_figures(hub.samples))
+        record.update(episode_figures(hub.samples))
     return record
 
 
@@ -75,15 +74,3 @@ def _drain(worker: Any, hub: Any, log: Any) -> None:
     if log is not None:
         for pid, why in hub.failed.items():
             log(f"eval: prompt {pid} not run: {why}")
-
-
-def _episode_figures(samples: list[R.Sample]) -> dict[str, float]:
-    """turns_mean and tool_calls_mean per episode: of the greedy episodes, and (suffix @k) of the sampled ones;
-    episodes_failed: episodes whose environment raised, hung or refused (all of them)."""
-    out = {"episodes_failed": float(sum(s.rollout.get("failed", 0.0) for s in samples))}
-    for suffix, kind in (("", "-g"), ("@k", "-s")):
-        stats = [s.rollout for s in samples if s.prompt_id.endswith(kind)]
-        if stats:
-            out[f"turns_mean{suffix}"] = sum(r.get("turns", 0.0) for r in stats) / len(stats)
-            out[f"tool_calls_mean{suffix}"] = sum(r.get("tool_calls", 0.0) for r in stats) / len(stats)
-    return out

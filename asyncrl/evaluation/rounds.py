@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from asyncrl.evaluation.config import EvalConfig
-from asyncrl.records import Prompt, RewardSpec, SamplingParams
+from asyncrl.records import Prompt, RewardSpec, Sample, SamplingParams
 
 
 @dataclasses.dataclass(slots=True)
@@ -85,4 +85,16 @@ def summarize(step: int, prompts: list[Prompt], responses: Iterable[Response], c
         asked = sum(1 for p in prompts if p.prompt_id.endswith("-s"))
         out["mean@k"], out["k"] = sum(sampled) / max(n_sampled, 1), cfg.k
         out["pass@k"] = len(solved) / max(asked, 1)
+    return out
+
+
+def episode_figures(samples: list[Sample]) -> dict[str, float]:
+    """turns_mean and tool_calls_mean per episode: of the greedy episodes, and (suffix @k) of the sampled ones;
+    episodes_failed: episodes whose environment raised, hung or refused (all of them)."""
+    out = {"episodes_failed": float(sum(s.rollout.get("failed", 0.0) for s in samples))}
+    for suffix, kind in (("", "-g"), ("@k", "-s")):
+        stats = [s.rollout for s in samples if s.prompt_id.endswith(kind)]
+        if stats:
+            out[f"turns_mean{suffix}"] = sum(r.get("turns", 0.0) for r in stats) / len(stats)
+            out[f"tool_calls_mean{suffix}"] = sum(r.get("tool_calls", 0.0) for r in stats) / len(stats)
     return out

@@ -35,8 +35,9 @@ def exact(response: str, spec: R.RewardSpec) -> float:
     return float(response == spec.target)
 
 
-def serve(endpoint: str, stop: threading.Event, batches: list[R.Batch]) -> None:
-    """A generator, a reward worker and a learner in one loop: every leased prompt answered by `answer`."""
+def serve(endpoint: str, stop: threading.Event, batches: list[R.Batch], episodes: bool = False) -> None:
+    """A generator, a reward worker and a learner in one loop: every leased prompt answered by `answer`; with
+    `episodes`, as two-turn episodes whose greedy ones called a tool once (their stats as a rollout reports them)."""
     with HubPeer(endpoint, "fake") as peer:
         step = 1
         while not stop.is_set():
@@ -44,13 +45,16 @@ def serve(endpoint: str, stop: threading.Event, batches: list[R.Batch]) -> None:
             if isinstance(lease, R.Lease) and lease.prompts:
                 samples = []
                 for p in lease.prompts:
+                    greedy = p.sampling.temperature == 0.0
                     for i in range(p.n):
-                        text = answer(p.text, p.sampling.temperature == 0.0)
+                        text = answer(p.text, greedy)
                         samples.append(R.Sample(
                             prompt_id=p.prompt_id, sample_index=i, prompt_token_ids=np.array([1], np.int32),
                             response_token_ids=np.array([5, 6], np.int32), logprobs=np.zeros(2, np.float32),
                             versions=np.array([3, 3], np.int32), response_text=text,
-                            finish_reason=R.FinishReason.STOP))
+                            finish_reason=R.FinishReason.STOP,
+                            loss_mask=np.array([1, 1], np.int32) if episodes else None,
+                            rollout={"turns": 2.0, "tool_calls": float(greedy)} if episodes else {}))
                 peer.request(R.SampleBatch(lease_id=lease.lease_id, samples=samples))
             todo = peer.request(R.ScoreRequest(worker="r0", max_samples=100, wait_s=0.0))
             if isinstance(todo, R.ToScore) and todo.items:
@@ -109,3 +113,27 @@ def test_live_evaluation_comes_back_and_never_trains(tmp_path):
     assert batches and all(pid.startswith("t") for pid in trained)  # an evaluation prompt never reaches a batch
     assert stats["accounting"]["submitted"] == 40 and stats["accounting"]["lost"] == 0
     assert stats["eval"]["submitted"] == len(records) * 6 * 3 and stats["eval"]["scored"] == stats["eval"]["submitted"]
+
+
+def test_a_multi_turn_round_reports_turns_and_tool_calls_per_episode(tmp_path):
+    """With `decode` (a multi-turn run) each round's record says how many turns and tool calls the held-out
+    episodes took: greedy ones, and sampled ones as @k (the tool-call rate the calculator recipe watches)."""
+    hub = BackgroundHub(HubConfig(max_staleness=0), BatchConfig(prompts_per_step=2, samples_per_prompt=2))
+    stop = threading.Event()
+    server = threading.Thread(target=serve, args=(hub.endpoint, stop, [], True), daemon=True)
+    server.start()
+    ev = LiveEvaluator(EvalConfig(every=1, prompts=4, k=2, timeout_s=20), heldout(4),
+                       R.SamplingParams(temperature=1.0, max_new_tokens=4), tmp_path,
+                       client_factory=lambda: Client(hub.endpoint, name="eval"), score=exact, decode=str)
+    try:
+        ev.request(3)
+        [record] = ev.wait(timeout_s=30)
+    finally:
+        stop.set()
+        server.join(timeout=5)
+        ev.close()
+        hub.stop()
+    assert record["missing"] == 0 and record["pass@1"] == pytest.approx(2 / 4)
+    assert record["tool_calls_mean"] == 1.0 and record["tool_calls_mean@k"] == 0.0
+    assert record["turns_mean"] == 2.0 and record["turns_mean@k"] == 2.0 and record["episodes_failed"] == 0.0
+    assert json.loads((tmp_path / "eval.jsonl").read_text())["tool_calls_mean"] == 1.0
