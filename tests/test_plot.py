@@ -128,3 +128,25 @@ def test_the_eval_panel_has_pass_at_1_mean_at_k_and_pass_at_k(tmp_path):
     assert [s.label for s in evals.series] == ["pass@1 (greedy)", "mean@8", "pass@8 (one of 8 right)"]
     learned = [0.0, 1 - math.exp(-1.5), 1 - math.exp(-3)]  # make_run's curve at its three evaluated steps
     assert evals.series[2].y(run) == pytest.approx([0.43 + 0.4 * x for x in learned])
+
+
+def test_a_multi_turn_run_gets_a_tool_calls_panel_and_others_do_not(tmp_path):
+    """Tool calls per trained episode = the batch's tool_calls over samples_trained; the eval's greedy rate beside."""
+    from asyncrl.plot.figure import calls_per_episode, panels
+
+    plain = load_run(make_run(tmp_path / "plain"))
+    assert "tool calls per episode" not in [p.title for p in panels([plain])]
+    path = make_run(tmp_path / "tools", steps=4, eval_steps=(0, 4))
+    lines = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    for m, calls in zip(lines, (0, 8, 32, 64)):
+        m.update(tool_calls=calls, samples_trained=64)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    evals = [json.loads(x) for x in (path / "eval.jsonl").read_text().splitlines()]
+    evals[1]["tool_calls_mean"] = 1.0
+    (path / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    run = load_run(path)
+    (tools,) = [p for p in panels([run]) if p.title == "tool calls per episode"]
+    assert calls_per_episode(run) == [0.0, 0.125, 0.5, 1.0]
+    eval_series = [s for s in tools.series if s.evals]
+    assert math.isnan(eval_series[0].y(run)[0]) and eval_series[0].y(run)[1] == 1.0
+    assert main([str(path)]) == 0

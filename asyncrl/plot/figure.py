@@ -5,6 +5,8 @@
     response length      response_len_mean of the trained samples; the eval's greedy response_tokens
     KL / mismatch        kl, behav_prox_logp_absdiff (mean, p99): whichever the run logged; log scale when > 0
     step time            step_time_s of the learner, and its rolling mean
+    tool calls           multi-turn runs only: tool calls per trained episode (tool_calls / samples_trained), its
+                         rolling mean, and the eval's greedy tool_calls_mean
 
 Series are styled by what they are (a grey legend in the title row of each panel of the first column) and
 coloured by run (a legend under the title when there is more than one run). matplotlib is imported here only,
@@ -92,7 +94,22 @@ def panels(runs: list[Run]) -> list[Panel]:
             Series(label="per step", y=lambda r: r.column("step_time_s"), style=raw),
             Series(label=f"rolling mean ({window})", y=lambda r: rolling_mean(r.column("step_time_s"), window),
                    style=smooth)]),
+        *([tool_panel(window, raw, smooth)] if any(r.has("tool_calls") for r in runs) else []),
     ]
+
+
+def tool_panel(window: int, raw: dict[str, Any], smooth: dict[str, Any]) -> Panel:
+    """How often the policy calls its tools: per trained episode (each step's batch) and per greedy held-out one."""
+    return Panel(title="tool calls per episode", ylabel="calls", series=[
+        Series(label="trained episodes", y=calls_per_episode, style=raw),
+        Series(label=f"rolling mean ({window})", y=lambda r: rolling_mean(calls_per_episode(r), window), style=smooth),
+        Series(label="eval (greedy)", y=lambda r: r.eval_column("tool_calls_mean"), evals=True,
+               style=dict(lw=1, ls=":", marker="o", ms=3))])
+
+
+def calls_per_episode(run: Run) -> list[float]:
+    """tool_calls (a step's batch total) over the step's trained samples; NaN where either is missing."""
+    return [c / n if n > 0 else math.nan for c, n in zip(run.column("tool_calls"), run.column("samples_trained"))]
 
 
 def time_unit(runs: list[Run]) -> tuple[str, float]:
