@@ -93,14 +93,25 @@ def numel(shape: list[int]) -> int:
     return n
 
 
-def unflatten(flat: torch.Tensor, layout: BucketLayout) -> list[tuple[str, torch.Tensor]]:
-    """Views of `flat` (uint8 [nbytes]) as the named tensors of `layout` (no copy)."""
-    layout.validate()
+def unflatten(flat: torch.Tensor, layout: BucketLayout, validated: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """Views of `flat` (uint8 [nbytes]) as the named tensors of `layout` (no copy). `validated`: the caller
+    already ran `layout.validate()` on this layout (the receiver does, before the transfer)."""
+    if not validated:
+        layout.validate()
     if flat.dtype != torch.uint8 or flat.dim() != 1 or flat.numel() != layout.nbytes:
         raise ValueError(f"flat buffer is {flat.dtype} {tuple(flat.shape)}, layout needs uint8 ({layout.nbytes},)")
-    out = []
-    for name, dt, shape, off in zip(layout.names, layout.dtypes, layout.shapes, layout.offsets, strict=True):
+    out: list[tuple[str, torch.Tensor]] = []
+    n, i = len(layout.names), 0
+    while i < n:  # a run of tensors of one dtype: one typed view, split in C++, then each tensor's shape
+        dt = layout.dtypes[i]
+        j = i + 1
+        while j < n and layout.dtypes[j] == dt:
+            j += 1
         dtype = parse_dtype(dt)
-        size = numel(shape) * dtype.itemsize
-        out.append((name, flat[off : off + size].view(dtype).view(shape)))
+        sizes = [numel(layout.shapes[k]) for k in range(i, j)]
+        start = layout.offsets[i]
+        typed = flat[start : start + sum(sizes) * dtype.itemsize].view(dtype)
+        for k, part in zip(range(i, j), typed.split(sizes), strict=True):
+            out.append((layout.names[k], part.view(layout.shapes[k])))
+        i = j
     return out

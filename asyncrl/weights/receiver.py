@@ -269,7 +269,7 @@ class WeightReceiver:
         flat = posted.receiving.result(self.timeout_s)
         t1 = time.perf_counter()
         timings["recv_s"] += t1 - t
-        self.engine.load_weights(unflatten(flat, posted.layout))
+        self.engine.load_weights(unflatten(flat, posted.layout, validated=True))  # _post validated it
         if flat.is_cuda and self._transport.reads_in_place:
             torch.cuda.current_stream(flat.device).synchronize()  # done reading the learner's buffer before the Ack
         del flat  # a received buffer is reused in stream order after the copies that read it

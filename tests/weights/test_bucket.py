@@ -96,3 +96,26 @@ def test_drain_consumes_the_stream():
     seen = []
     drain((seen.append(i) or ("x", torch.zeros(1))) for i in range(3))
     assert seen == [0, 1, 2]
+
+
+def test_unflatten_gives_views_of_each_run_of_one_dtype():
+    """Runs of one dtype become one typed view split in C++; every tensor is still a view of the flat buffer
+    with its own values, whatever dtype follows it (a layout may mix dtypes: SGLang's does)."""
+    parts = [("c", torch.tensor([1, -2], dtype=torch.int64)), ("a", torch.arange(6, dtype=torch.float32).view(2, 3)),
+             ("b", torch.tensor(7.5)), ("e", torch.full((2, 2), -1.25)), ("d", torch.ones(3, dtype=torch.bfloat16) / 3)]
+    raw = [t.reshape(-1).view(torch.uint8) for _, t in parts]
+    offsets, off = [], 0
+    for r in raw:
+        offsets.append(off)
+        off += r.numel()
+    flat = torch.cat(raw)
+    layout = BucketLayout(names=[n for n, _ in parts], dtypes=[str(t.dtype).removeprefix("torch.") for _, t in parts],
+                          shapes=[list(t.shape) for _, t in parts], offsets=offsets, nbytes=off)
+    got = unflatten(flat, layout)
+    assert [n for n, _ in got] == ["c", "a", "b", "e", "d"]
+    for (_, want), (_, t) in zip(parts, got, strict=True):
+        assert t.dtype == want.dtype and t.shape == want.shape and torch.equal(t, want)
+        assert t.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()  # a view, no copy
+    flat[16:20].view(torch.float32).fill_(9.0)  # a's first element, after c's 16 bytes
+    assert got[1][1][0, 0] == 9.0
+    assert [n for n, _ in unflatten(flat, layout, validated=True)] == ["c", "a", "b", "e", "d"]

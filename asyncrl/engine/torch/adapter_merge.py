@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from asyncrl.engine.torch.kernels import lora_merge
+from asyncrl.engine.torch.model.multi_copy import multi_copy
 
 ADAPTER_LEAVES = ("lora_A", "lora_B")
 
@@ -198,12 +199,12 @@ def check_targets(paths: Iterable[str], targets: tuple[str, ...]) -> list[str]:
 def copy_at_end(stream: Iterator[tuple[str, Tensor]], copies: list[tuple[Tensor, Tensor]]
                 ) -> Iterator[tuple[str, Tensor]]:
     """`stream` as it is; once it ends (also when its consumer stops early) every (kept, arrived) pair that it
-    appended to `copies` is copied in one multi-tensor copy (casting to the kept buffer's dtype)."""
+    appended to `copies` is copied by multi-tensor copies (`multi_copy`: casting to the kept buffer's dtype)."""
     try:
         yield from stream
     finally:
         if copies:
-            torch._foreach_copy_([dst for dst, _ in copies], [src for _, src in copies])
+            multi_copy(copies)
 
 
 def check_adapter(name: str, leaf: str, t: Tensor, weight_shape: torch.Size) -> None:

@@ -41,7 +41,7 @@ from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.kv_cache import KVCache
 from asyncrl.engine.torch.adapter_merge import LoraSpec
 from asyncrl.engine.torch.adapter_slots import adapters_for
-from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights
+from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights, parameter_index
 from asyncrl.engine.torch.model.fp8 import fp8_weights
 from asyncrl.engine.torch.model_runner import ModelRunner
 from asyncrl.engine.protocol import (
@@ -143,6 +143,7 @@ class TorchEngine:
         model.fuse_projections()
         self.adapters = adapters_for(model, lora, weights_dtype)  # before the KV cache takes the free memory
         self.fp8 = fp8_weights(model, weights_dtype)  # so do the fp8 images
+        self._params = parameter_index(model)  # what a push loads into, by name (walked once, not per bucket)
         self.arch = self.model.cfg
         self.deterministic = deterministic
         self.max_model_len = min(max_model_len or self.arch.max_position_embeddings, self.arch.max_position_embeddings)
@@ -281,7 +282,7 @@ class TorchEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if not self._updating:
             raise RuntimeError("load_weights() outside a weight update: call begin_weight_update() first")
-        load_weights(self.model, self.adapters.take(named_tensors) if self.adapters else named_tensors)
+        load_weights(self.model, self.adapters.take(named_tensors) if self.adapters else named_tensors, self._params)
 
     def end_weight_update(self, version: int) -> None:
         if not self._updating:
