@@ -159,7 +159,7 @@ def checkpoint_files(run_dir: Path) -> dict[str, int]:
 def push_medians(metrics: list[dict]) -> dict:
     """Median over the run's pushes of their bytes and seconds (metrics' "push": weights/report.py), and kind."""
     pushes = [m["push"] for m in metrics if m.get("push")]
-    keys = ("bytes", "total_s", "paused_s", "load_s", "apply_s", "transfer_s", "gather_s")
+    keys = ("bytes", "total_s", "paused_s", "recv_s", "load_s", "apply_s", "transfer_s", "gather_s")
     out: dict = {k: _median([p.get(k) for p in pushes]) for k in keys}
     out["kind"] = sorted({str(p.get("kind")) for p in pushes})
     return out

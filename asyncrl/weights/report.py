@@ -20,6 +20,8 @@ class PushReport:
     ack_s: float = 0.0  # waiting for generators to load and ack (not overlapped with gather)
     total_s: float = 0.0
     pause_s: float = 0.0  # max over generators: engine.pause() (aborts in-flight work in 'abort' mode)
+    recv_s: float = 0.0  # max over generators: posting each bucket's receive (CUDA IPC: opening the learner's
+    # buffer; staged, queueing the copy out of it) and waiting for its bytes
     load_s: float = 0.0  # max over generators: sum of engine.load_weights()
     apply_s: float = 0.0  # max over generators: end_weight_update (adapter merges, FP8 requantization) and the
     # device's wait for it and the loads
@@ -31,8 +33,8 @@ class PushReport:
         return self.bytes / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        keys = ("version", "buckets", "bytes", "gather_s", "transfer_s", "ack_s", "total_s", "pause_s", "load_s",
-                "apply_s", "paused_s")
+        keys = ("version", "buckets", "bytes", "gather_s", "transfer_s", "ack_s", "total_s", "pause_s", "recv_s",
+                "load_s", "apply_s", "paused_s")
         out: dict[str, Any] = {k: getattr(self, k) for k in keys}
         out.update(gbps=self.gbps, generators=list(self.generators), dropped=dict(self.dropped))
         return out

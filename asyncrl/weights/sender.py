@@ -202,7 +202,7 @@ class WeightSender:
         live = self._await(live, "end", version, report)
         report.generators = sorted(report.generators + [m.name for m in live])
         report.total_s = time.perf_counter() - t0
-        for key in ("pause_s", "load_s", "apply_s", "paused_s"):
+        for key in ("pause_s", "recv_s", "load_s", "apply_s", "paused_s"):
             setattr(report, key, max((t.get(key, 0.0) for t in report.per_generator.values()), default=0.0))
         return report
 

@@ -78,6 +78,7 @@ def test_push_round_trip_bit_exact_versioned_and_timed():
         assert report.buckets > 3 and report.bytes == sum(t.numel() * t.element_size() for t in sd.values())
         assert report.total_s > 0 and report.transfer_s > 0 and report.gather_s > 0 and report.gbps > 0
         assert report.per_generator["g0"]["load_s"] > 0 and report.paused_s >= report.load_s > 0
+        assert report.recv_s == report.per_generator["g0"]["recv_s"] > 0 and report.as_dict()["recv_s"] == report.recv_s
 
         r = results(out, ["g0"])["g0"]
         assert_has(r, sd)
