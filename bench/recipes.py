@@ -145,7 +145,8 @@ def summarize(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
             "steps": metrics[-1]["step"] if metrics else 0, "end_wall_s": end,
             "reward_first10": _mean([m.get("reward_mean") for m in metrics[:10]]),
             "reward_last10": _mean([m.get("reward_mean") for m in metrics[-10:]]),
-            "tool_calls_first10": _calls_per_episode(metrics[:10]), "tool_calls_last10": _calls_per_episode(metrics[-10:]),
+            "tool_calls_first10": _calls_per_episode(metrics[:10]),
+            "tool_calls_last10": _calls_per_episode(metrics[-10:]),
             "accounting": (summary or {}).get("accounting"), "restated_and_scored": restated(run),
             "eval_prompts_in_batches": sum(m.get("eval_prompts_in_batch", 0) for m in metrics)}
 
@@ -184,7 +185,8 @@ def render(r: dict[str, Any]) -> str:
              f"{r['eval_prompts_in_batches']}, restated answers {r['restated_and_scored']}"
              + (f", tool calls per trained episode first 10 steps {_fmt(r['tool_calls_first10'])}, last 10 "
                 f"{_fmt(r['tool_calls_last10'])}" if r.get("tool_calls_first10") is not None else ""),
-             "", "| step | wall s from launch | held-out pass@1 | mean@k | pass@k | response tokens | tool calls (greedy) |",
+             "", "| step | wall s from launch | held-out pass@1 | mean@k | pass@k | response tokens "
+                 "| tool calls (greedy) |",
              "|---|---|---|---|---|---|---|"]
     for e in r["evals"]:
         lines.append(f"| {e['step']} | {_fmt(e['wall_s'])} | {e['pass@1']:.3f} | {_fmt(e['mean@k'])} | "

@@ -8,10 +8,10 @@ The learner asks for an evaluation after pushing the weights of a step; the eval
 prompts (`asyncrl.evaluation.rounds`) as evaluation prompts: the hub leases them before any training prompt and
 outside admission, and forgets them once scored, so they never enter a batch or the run's accounting
 (`asyncrl.replay.state`). The thread scores each response strictly itself and appends the round's record to
-RUN_DIR/eval.jsonl (a multi-turn round adds `turns_mean` and `tool_calls_mean` per greedy episode, `@k` per sampled
-one: `rounds.episode_figures`; each greedy answer, with its question and score, goes to RUN_DIR/eval_responses.jsonl); the
-learner drains `results()` into its next metrics line, so training never waits for
-an evaluation, except the final one (`wait`), bounded by eval.timeout_s.
+RUN_DIR/eval.jsonl (a multi-turn round adds `turns_mean` and `tool_calls_mean` per greedy episode, `@k` per
+sampled one: `rounds.episode_figures`; each greedy answer, with its question and score, goes to
+RUN_DIR/eval_responses.jsonl); the learner drains `results()` into its next metrics line, so training never waits
+for an evaluation, except the final one (`wait`), bounded by eval.timeout_s.
 
 Backpressure: one round at a time; requests that arrive while one runs wait, and of those only the newest
 is kept (a skipped round is logged): evaluation can lag training but never piles up. Versions: a generator
