@@ -121,19 +121,29 @@ class HubPeer:
         return sock
 
     def _check_handshake(self) -> None:
-        """Raise HubRefused if the hub refused this connection and never accepted it (monitor events so far)."""
-        while not self.handshake_ok and self.monitor.poll(0):
+        """Raise HubRefused if the hub refused this connection and never accepted it (monitor events so far).
+        The first outcome ends the monitoring: events nobody reads pile up in the monitor's pipe, and once it is
+        full (~2,000 events: a connection that fails its handshake every reconnect interval fills it within
+        minutes) ZeroMQ's I/O thread blocks on it, and with it every socket of the process's context."""
+        while self.monitor is not None and self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshake_ok = True
+                self._stop_monitor()
             elif event in _HANDSHAKE_FAILURES:
+                self._stop_monitor()
                 role = self.credentials.role if self.credentials is not None else "none"
                 raise HubRefused(f"the hub at {self.endpoint} {_HANDSHAKE_FAILURES[event]}; "
                                  f"this peer: {self.name}, role {role}")
 
+    def _stop_monitor(self) -> None:
+        if self.monitor is not None:
+            self.sock.disable_monitor()
+            self.monitor.close(linger=0)
+            self.monitor = None
+
     def _close_socket(self) -> None:
-        self.sock.disable_monitor()
-        self.monitor.close(linger=0)
+        self._stop_monitor()
         self.sock.close(linger=0)
 
     def request(self, msg: Any) -> Any:
@@ -183,6 +193,9 @@ class HubPeer:
                 self._replace_socket()
                 raise TimeoutError(f"no reply from the hub at {self.endpoint} to {type(msg).__name__} "
                                    f"within {now - sent:.1f}s" + (" (stopping)" if now < deadline else ""))
+            if not self.handshake_ok:  # a reply came: the hub accepted this connection, nothing left to watch
+                self.handshake_ok = True
+                self._stop_monitor()
             if isinstance(reply, PUSHED):
                 self.pushed.append(reply)
                 continue

@@ -198,6 +198,8 @@ class _Recorder:
 def test_requests_to_several_shards_are_all_sent_before_any_reply_is_awaited(shards):
     peer = ShardedPeer([h.endpoint for h in shards], "learner-0", timeout_s=10)
     log: list = []
+    for real in peer.peers:  # replaced by recorders: closed, not left connecting
+        real.close()
     peer.peers = [_Recorder(0, log), _Recorder(1, log)]
     for msg in (R.CommitStep(step=1, policy_version=1), R.Heartbeat(service="learner", name="learner-0"),
                 R.BatchRequest(learner="learner-0", step=1, wait_s=1.0)):
@@ -211,6 +213,8 @@ def test_a_shard_s_error_is_raised_after_every_other_shard_s_reply_is_read(shard
 
     peer = ShardedPeer([h.endpoint for h in shards], "learner-0", timeout_s=10)
     log: list = []
+    for real in peer.peers:  # replaced by recorders: closed, not left connecting
+        real.close()
     peer.peers = [_Recorder(0, log, fail=HubError("refused", "CommitStep")), _Recorder(1, log)]
     with pytest.raises(HubError, match="refused"):
         peer.request(R.CommitStep(step=1, policy_version=1))

@@ -64,6 +64,7 @@ def test_peers_without_the_secret_get_nothing_and_are_counted(secured):
     with pytest.raises(HubRefused, match=r"refused this peer's credentials.*x, role launcher"):
         stranger.request(R.Shutdown(reason="hostile"))
     assert time.monotonic() - t0 < 10  # said at once, not after the 30 s timeout
+    assert stranger.monitor is None  # the outcome is known: no monitor left to fill (tests/net/test_peer_monitor.py)
     with HubPeer(hub.endpoint, "anon", timeout_s=30, credentials=None, reconnect_s=0) as anon:
         anon.credentials = None
         with pytest.raises(HubRefused, match="refused the handshake.*role none"):
