@@ -16,7 +16,9 @@ Authentication (asyncrl.net.credentials): the socket proves `credentials` (defau
 launcher put in the environment, `Credentials.from_env()`; none: an unauthenticated hub, e.g. in tests).
 A hub refuses a connection whose credentials are wrong at the handshake and never answers on it; a socket
 monitor sees that refusal, and a request that waits on such a connection raises `HubRefused` at its next
-wait slice instead of timing out (it is never retried: the same credentials are refused again).
+wait slice instead of timing out (it is never retried: the same credentials are refused again). The monitor
+is closed at the first outcome (the first reply, or the refusal): unread monitor events would fill its pipe and
+then block ZeroMQ's I/O thread, and every socket of the process with it (tests/net/test_peer_monitor.py).
 `reconnect_s` defaults to ASYNCRL_HUB_RECONNECT_S from the launcher, else 0; `give_up()` (a service's stop
 flag) ends the retries early, and a wait for a reply after STOPPING_GRACE_S: a service stopping because its
 launcher died must not wait out the full timeout for a hub that died with it.
