@@ -130,13 +130,17 @@ class HubPeer:
         while self.monitor is not None and self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.handshake_ok = True
-                self._stop_monitor()
+                self._accepted()
             elif event in _HANDSHAKE_FAILURES:
                 self._stop_monitor()
                 role = self.credentials.role if self.credentials is not None else "none"
                 raise HubRefused(f"the hub at {self.endpoint} {_HANDSHAKE_FAILURES[event]}; "
                                  f"this peer: {self.name}, role {role}")
+
+    def _accepted(self) -> None:
+        """The hub accepted this connection: nothing is left to watch."""
+        self.handshake_ok = True
+        self._stop_monitor()
 
     def _stop_monitor(self) -> None:
         if self.monitor is not None:
@@ -195,9 +199,8 @@ class HubPeer:
                 self._replace_socket()
                 raise TimeoutError(f"no reply from the hub at {self.endpoint} to {type(msg).__name__} "
                                    f"within {now - sent:.1f}s" + (" (stopping)" if now < deadline else ""))
-            if not self.handshake_ok:  # a reply came: the hub accepted this connection, nothing left to watch
-                self.handshake_ok = True
-                self._stop_monitor()
+            if not self.handshake_ok:  # a reply came: the hub accepted this connection
+                self._accepted()
             if isinstance(reply, PUSHED):
                 self.pushed.append(reply)
                 continue
