@@ -130,15 +130,21 @@ def run(args: argparse.Namespace, model: str, device: str, dtype: str) -> dict:
         "prompt_len": args.prompt_len, "output_len": args.output_len, "device": _device_name(device),
         "dtype": dtype, "torch": torch.__version__, "commit": provenance.commit(provenance.HERE),
         "date": time.strftime("%Y-%m-%d"),
-        "push_ms": {m: round(v, 2) for m, v in push.items()},
-        "push_runs_ms": {m: [round(x, 2) for x in v] for m, v in push_ms.items()},
+        "push_ms": {m: round(v, 3) for m, v in push.items()},
+        "push_runs_ms": {m: [round(x, 3) for x in v] for m, v in push_ms.items()},
         "pristine_bytes": {m: engines[m].adapters.pristine_bytes for m in push_ms},
         "decode": {m: {k: round(v, 3) for k, v in d.items()} for m, d in med.items()},
         "decode_runs_tok_s": {m: [round(r["tok_s"], 1) for r in rs] for m, rs in runs.items()},
-        "unmerged_over_merge": {"push": round(push["unmerged"] / push["merge"], 3),
-                                "step": round(med["unmerged"]["step_ms"] / med["merge"]["step_ms"], 3)},
-        "unmerged_over_none": {"step": round(med["unmerged"]["step_ms"] / med["none"]["step_ms"], 3)},
+        "unmerged_over_merge": {"push": _ratio(push["unmerged"], push["merge"]),
+                                "step": _ratio(med["unmerged"]["step_ms"], med["merge"]["step_ms"])},
+        "unmerged_over_none": {"step": _ratio(med["unmerged"]["step_ms"], med["none"]["step_ms"])},
     }
+
+
+def _ratio(num: float, den: float) -> float:
+    """num / den to three significant figures: an unmerged push can be 100x faster than a merge, and three decimals
+    would keep one digit of that ratio."""
+    return float(f"{num / den:.3g}")
 
 
 def _device_name(device: str) -> str:
