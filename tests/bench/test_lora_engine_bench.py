@@ -1,7 +1,6 @@
 """bench.lora_engine on CPU (tiny shape): the three engines run, the unmerged one keeps no pristine copy, and the
 JSON line carries every push and decode run it summarises."""
 
-
 from bench import lora_engine
 
 
