@@ -16,9 +16,12 @@ Authentication (asyncrl.net.credentials): the socket proves `credentials` (defau
 launcher put in the environment, `Credentials.from_env()`; none: an unauthenticated hub, e.g. in tests).
 A hub refuses a connection whose credentials are wrong at the handshake and never answers on it; a socket
 monitor sees that refusal, and a request that waits on such a connection raises `HubRefused` at its next
-wait slice instead of timing out (it is never retried: the same credentials are refused again). The monitor
-is closed at the first outcome (the first reply, or the refusal): unread monitor events would fill its pipe and
-then block ZeroMQ's I/O thread, and every socket of the process with it (tests/net/test_peer_monitor.py).
+wait slice instead of timing out (it is never retried: the same credentials are refused again). Unread monitor
+events would fill its pipe and then block ZeroMQ's I/O thread, and every socket of the process with it
+(tests/net/test_peer_monitor.py), so the monitor lives only while a request can read it: a socket connects (and
+starts its monitor) at its first send, not when it is made, so a peer that is built and never used, or is left
+idle after a failed request, never handshakes at all; and the monitor is closed at the first outcome (the first
+reply, or the refusal).
 `reconnect_s` defaults to ASYNCRL_HUB_RECONNECT_S from the launcher, else 0; `give_up()` (a service's stop
 flag) ends the retries early, and a wait for a reply after STOPPING_GRACE_S: a service stopping because its
 launcher died must not wait out the full timeout for a hub that died with it.
@@ -109,18 +112,26 @@ class HubPeer:
         self.ctx = zmq.Context.instance()
         self.pushed: deque[Any] = deque()
         self.rejected: Counter[str] = Counter()  # bad inbound frames by reason (never raised)
-        self.sock = self._connect()
+        self.monitor: zmq.Socket | None = None
+        self.sock = self._socket()
 
-    def _connect(self) -> zmq.Socket:
+    def _socket(self) -> zmq.Socket:
+        """A new DEALER, not yet connected (`_connect` does that at its first send)."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame_bytes)  # beyond: ZeroMQ drops the connection
         if self.credentials is not None:
             self.credentials.apply(sock, self.name, self.endpoint)
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_HANDSHAKE_FAILURES))
-        self.handshake_ok = False
-        sock.connect(self.endpoint)
+        self.connected = self.handshake_ok = False
         return sock
+
+    def _connect(self) -> None:
+        """Connect the socket, watching its handshake, when a request first needs it."""
+        if self.connected:
+            return
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(_HANDSHAKE_FAILURES))
+        self.sock.connect(self.endpoint)
+        self.connected = True
 
     def _check_handshake(self) -> None:
         """Raise HubRefused if the hub refused this connection and never accepted it (monitor events so far).
@@ -214,6 +225,7 @@ class HubPeer:
     def _send(self, msg: Any, frame: bytes, sent: float, deadline: float) -> None:
         """Queue `frame` without blocking: a DEALER with no live connection (refused at the handshake, or never
         made) has nowhere to queue it, and a plain send would then wait forever."""
+        self._connect()
         while True:
             try:
                 self.sock.send(frame, copy=False, flags=zmq.NOBLOCK)
@@ -230,7 +242,7 @@ class HubPeer:
     def _replace_socket(self) -> None:
         """A new connection after a request failed: a late reply on the old one is never read."""
         self._close_socket()
-        self.sock = self._connect()
+        self.sock = self._socket()
 
     def _stopped_waiting(self, now: float, sent: float) -> bool:
         """The owner is stopping (give_up()) and the request has had its grace."""
