@@ -8,6 +8,7 @@ from typing import Any
 
 _OPS = "+-"
 _NAMES = ("arithmetic", "jsonl", "dataset", "reasoning_gym")
+_EXAMPLE_ROLES = ("system", "user", "assistant", "tool")
 _PATH_HELP = {"jsonl": "a JSONL file of prompts",
               "dataset": "a .parquet or .jsonl file, or a Hugging Face datasets folder"}
 
@@ -73,6 +74,13 @@ class TaskConfig:
     chat_template: bool = False
     """jsonl, dataset, reasoning_gym: wrap each text prompt as one user message and apply the tokenizer's own chat
     template (with the generation prompt); prompts then travel as token ids."""
+    example_messages: list[dict[str, str]] = field(default_factory=list)
+    """With chat_template = true: chat messages put before every prompt's own, a worked exchange that shows the
+    model the format (few-shot as earlier turns), e.g. [{role = "user", content = "Calculate 412 * 307."},
+    {role = "assistant", content = "<tool_call>...</tool_call>"}, {role = "tool", content =
+    "<tool_response>126484</tool_response>"}, {role = "assistant", content = "126484"}]. Roles: system, user,
+    assistant, tool; the last is the assistant's. They are part of the prompt, so the held-out evaluation sees
+    them too and no token of theirs is trained. [] = none."""
     max_new_tokens: int = 8
     """Response length cap (arithmetic answers take at most digits + 2 tokens with the sign and EOS)."""
     temperature: float = 1.0
@@ -113,6 +121,7 @@ class TaskConfig:
         if self.name == "arithmetic" and self.chat_template:
             raise ValueError("task.chat_template = true needs a jsonl or dataset task (or reasoning_gym): the arithmetic task's prompts "
                              "are written for the embedded tokenizer; set task.chat_template = false")
+        self._check_example_messages()
         if self.max_new_tokens < 1:
             raise ValueError(f"task.max_new_tokens={self.max_new_tokens}: must be >= 1")
         if not self.temperature >= 0.0:
@@ -121,6 +130,25 @@ class TaskConfig:
             raise ValueError(f"task.digits={self.digits}: must be in 1..9 (operand length in digits)")
         if not self.ops or any(op not in _OPS for op in self.ops):
             raise ValueError(f'task.ops={self.ops!r}: give a non-empty subset of "{_OPS}"')
+
+    def _check_example_messages(self) -> None:
+        if not self.example_messages:
+            return
+        if not self.chat_template:
+            raise ValueError("task.example_messages needs task.chat_template = true (they are chat turns); set it or "
+                             "remove the examples")
+        for i, m in enumerate(self.example_messages):
+            if not isinstance(m, dict) or set(m) != {"role", "content"} or not all(
+                    isinstance(v, str) for v in m.values()):
+                raise ValueError(f"task.example_messages[{i}]: want {{role = \"...\", content = \"...\"}} (two strings, "
+                                 f"nothing else), got {str(m)[:80]!r}")
+            if m["role"] not in _EXAMPLE_ROLES:
+                raise ValueError(f"task.example_messages[{i}].role={m['role']!r}: allowed roles are "
+                                 f"{', '.join(map(repr, _EXAMPLE_ROLES))}")
+        last = self.example_messages[-1]["role"]
+        if last != "assistant":
+            raise ValueError(f"task.example_messages ends with a {last!r} message; end the examples with the "
+                             "assistant's reply (the prompt's own user message comes next)")
 
     def _check_reasoning_gym(self) -> None:
         if not self.tasks:

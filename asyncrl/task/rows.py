@@ -54,7 +54,7 @@ def task_encoder(cfg: TaskConfig, tokenizer_path: str | None) -> PromptEncoder |
         raise ValueError("task.chat_template = true needs the model's tokenizer: pass tokenizer_path (model.path)")
     from asyncrl.task.chat_template import ChatTemplate  # transformers: only when asked for
 
-    return ChatTemplate(tokenizer_path)
+    return ChatTemplate(tokenizer_path, examples=cfg.example_messages)
 
 
 def templated(row: PromptRow, encoder: PromptEncoder | None, where: str, response_prefix: str = "") -> PromptRow:

@@ -113,6 +113,45 @@ def test_chat_template_turns_text_and_messages_into_template_token_ids(tmp_path,
     assert text(tok, p) == "<|user|>3+4=<|end|><|assistant|>" and p.reward.target == "7"
 
 
+EXAMPLES = [{"role": "user", "content": "9+1="}, {"role": "assistant", "content": "<call>9+1</call>"},
+            {"role": "tool", "content": "10"}, {"role": "assistant", "content": "10"}]
+
+
+def test_example_messages_come_before_every_prompt_and_in_the_held_out_set_too(tmp_path, chat_tokenizer):
+    from transformers import AutoTokenizer
+
+    from asyncrl.task.heldout import heldout_prompts
+
+    tok = AutoTokenizer.from_pretrained(chat_tokenizer)
+    shown = "<|user|>9+1=<|end|><|assistant|><call>9+1</call><|end|><|tool|>10<|end|><|assistant|>10<|end|>"
+    rows = [{"prompt": "1+1=", "answer": "2"},
+            {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+5="}], "answer": "7"}]
+    cfg = TaskConfig(name="dataset", path=write_jsonl(tmp_path / "t.jsonl", rows), chat_template=True, shuffle=False,
+                     example_messages=EXAMPLES)
+    a, b = first(cfg, tokenizer_path=chat_tokenizer)
+    assert text(tok, a) == shown + "<|user|>1+1=<|end|><|assistant|>"
+    assert text(tok, b) == shown + "<|system|>be brief<|end|><|user|>2+5=<|end|><|assistant|>"
+    held = heldout_prompts(cfg, 1, tokenizer_path=chat_tokenizer)
+    assert [text(tok, p) for p in held] == [text(tok, b)]  # the last row is held out, examples and all
+
+
+@pytest.mark.parametrize("examples, match", [
+    ([{"role": "user", "content": "hi"}], "ends with a 'user' message; end the examples with the assistant's reply"),
+    ([{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"}],
+     r"example_messages\[0\].role='narrator': allowed roles are 'system', 'user', 'assistant', 'tool'"),
+    ([{"role": "assistant", "content": 3}], r"example_messages\[0\]: want \{role"),
+    ([{"role": "assistant", "content": "x", "name": "a"}], r"example_messages\[0\]: want"),
+])
+def test_example_messages_are_checked_with_the_field_named(tmp_path, examples, match):
+    with pytest.raises(ValueError, match=match):
+        TaskConfig(name="jsonl", path="p.jsonl", chat_template=True, example_messages=examples)
+
+
+def test_example_messages_need_the_chat_template():
+    with pytest.raises(ValueError, match="task.example_messages needs task.chat_template = true"):
+        TaskConfig(name="jsonl", path="p.jsonl", example_messages=EXAMPLES)
+
+
 def test_chat_template_needs_a_tokenizer_that_has_one(tmp_path):
     cfg = TaskConfig(name="jsonl", path=write_jsonl(tmp_path / "p.jsonl", [{"text": "1+1="}]), chat_template=True)
     with pytest.raises(ValueError, match="has no chat template; use an instruct/chat model's folder for model.path"):
