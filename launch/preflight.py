@@ -40,15 +40,21 @@ def check_lora_targets(cfg: RunConfig) -> None:
 
 
 def check_environment(cfg: RunConfig) -> None:
-    """generator.rollout.environment imports and has reset/step; the environment reward needs an environment."""
+    """generator.rollout.environment imports, has reset/step and takes its options (one is built here and
+    dropped: an option it lacks or refuses is one line now, not every episode failed later); the environment
+    reward needs an environment."""
     rollout = cfg.generator.rollout
     if rollout.multi_turn:
         from asyncrl.rollout.environment import EnvironmentLoadError, load_environment
 
         try:
-            load_environment(rollout.environment)
+            factory = load_environment(rollout.environment)
         except EnvironmentLoadError as e:
             raise ConfigError(str(e)) from None
+        try:
+            factory(**rollout.options)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"generator.rollout.options of {rollout.environment}: {str(e)[:300]}") from None
     kinds = {c.kind for c in cfg.reward.components}
     if "environment" in kinds and not rollout.multi_turn:
         raise ConfigError("reward.components: kind 'environment' scores the environment's reward, but "

@@ -12,7 +12,8 @@ class RolloutConfig:
     """"module:Name" of an environment class (asyncrl.rollout.environment.Environment), built once per
     episode with `options` as keyword arguments; "" = one model turn per sample and no environment."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the environment class."""
+    """Keyword arguments for the environment class (the launcher builds one with them before any process
+    starts, so an option it lacks or refuses is one line)."""
     max_turns: int = 4
     """Model turns per episode at most; the episode ends (finish_reason length) after the last."""
     max_total_tokens: int = 0

@@ -48,6 +48,7 @@ class Action:
     token_ids: np.ndarray  # [turn_len] int32, as sampled (the stop token included when one ended it)
     finish_reason: str  # "stop" or "length"
     turn: int  # 1 for the first model turn
+    version: int = 0  # the weight version that sampled the turn's first token (the learner step that made it)
 
 
 @dataclass(frozen=True, slots=True)

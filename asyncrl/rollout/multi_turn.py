@@ -79,8 +79,9 @@ class MultiTurn:
         ep = self.episodes[prompt_id][out.sample_index if index is None else index]
         ep.add_model_turn(out.token_ids, out.logprobs, out.versions, out.finish_reason, out.timings)
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        first_version = int(out.versions[0]) if len(out.versions) else version
         self._call(ep, "step", Action(text=text, token_ids=out.token_ids, finish_reason=str(out.finish_reason),
-                                      turn=ep.turns))
+                                      turn=ep.turns, version=first_version))
         left = self.shared_left.get(out.request_id, 1) - 1  # an n-sample request stays until its last output
         self.shared_left[out.request_id] = left
         if left <= 0:

@@ -87,6 +87,16 @@ class Twice:
         return Step(reward=1.0, done=True)
 
 
+class Versions(Twice):
+    """Twice, keeping the weight version each action says sampled its turn."""
+
+    seen: list[tuple[int, int]] = []  # (turn, action.version)
+
+    def step(self, action):
+        Versions.seen.append((action.turn, action.version))
+        return super().step(action)
+
+
 class Never:
     def reset(self, task):
         return None
@@ -246,3 +256,12 @@ def test_episodes_default_to_two_a_row_with_an_environment():
     assert RolloutConfig().episodes(64) == 64  # single-turn: one sample a row
     assert RolloutConfig(environment="m:C").episodes(64) == 128  # episodes waiting on tools leave rows to others
     assert RolloutConfig(environment="m:C", max_episodes=80).episodes(64) == 80
+
+
+def test_an_action_carries_the_weight_version_that_sampled_its_turn():
+    Versions.seen = []
+    samples, engine, _ = run(Versions, n=1)
+    assert len(samples) == 1
+    first, second = (o for o in engine.outputs)
+    assert Versions.seen == [(1, int(first.versions[0])), (2, int(second.versions[0]))]
+    assert Versions.seen[1][1] > Versions.seen[0][1]  # an update landed between the turns

@@ -72,8 +72,13 @@ def task(target="1776") -> Task:
                 metadata={}, sample_index=0)
 
 
-def act(text, turn=1) -> Action:
-    return Action(text=text, token_ids=np.zeros(1, np.int32), finish_reason="stop", turn=turn)
+def act(text, turn=1, version=0) -> Action:
+    return Action(text=text, token_ids=np.zeros(1, np.int32), finish_reason="stop", turn=turn, version=version)
+
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call>'
+BAD_CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "37*"}}</tool_call>'
+
 
 
 def test_tool_use_runs_the_call_and_scores_the_final_answer():
@@ -95,6 +100,36 @@ def test_tool_use_answers_bad_calls_with_an_error_the_model_reads():
     assert step.tool_calls == 3 and step.observation.message["content"].count("error:") == 3
     with pytest.raises(ValueError, match="unknown"):
         ToolUse(tools=["shell"])
+
+
+def test_no_reward_for_calling_by_default():
+    env = ToolUse()
+    env.reset(task())
+    step = env.step(act(CALL))
+    assert step.reward == 0.0 and step.info == {"tool_errors": 0.0}
+
+
+def test_call_reward_pays_the_first_working_call_once_and_decays_to_zero_by_version():
+    env = ToolUse(call_reward=0.2, call_reward_until=100)
+    rewards = {}
+    for version in (0, 25, 50, 100, 150):
+        env.reset(task())
+        failed = env.step(act(BAD_CALL, version=version))  # the tool refuses it: no reward for a broken call
+        assert failed.reward == 0.0 and failed.info == {"tool_errors": 1.0}
+        rewards[version] = env.step(act(CALL, turn=2, version=version)).reward
+        assert env.step(act(CALL, turn=3, version=version)).reward == 0.0  # once an episode
+        assert env.step(act("1776", turn=4, version=version)).reward == 1.0  # the answer's reward is unchanged
+    assert rewards == pytest.approx({0: 0.2, 25: 0.15, 50: 0.1, 100: 0.0, 150: 0.0})
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"call_reward": 0.2}, "call_reward_until=0: call_reward needs the weight version"),
+    ({"call_reward": 0.2, "call_reward_until": -5}, "call_reward_until=-5"),
+    ({"call_reward": 1.5, "call_reward_until": 10}, r"call_reward=1.5: must be in \[0, 1\]"),
+])
+def test_call_reward_is_checked_with_the_option_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ToolUse(**kwargs)
 
 
 def test_retry_task_gives_feedback_then_discounts():
