@@ -57,8 +57,21 @@ def run_placement(cfg: Any, gpus: int | None = None) -> Placement:
     """The placement of a RunConfig on this host (`gpus`: default torch.cuda.device_count())."""
     if gpus is None:
         gpus = visible_gpus()
-    return place(learner_ranks=cfg.learner.ranks, learner_devices=cfg.learner.devices, generators=cfg.generator.count,
-                 generator_devices=cfg.generator.devices, gpus=gpus)
+    placement = place(learner_ranks=cfg.learner.ranks, learner_devices=cfg.learner.devices,
+                      generators=cfg.generator.count, generator_devices=cfg.generator.devices, gpus=gpus)
+    if getattr(cfg.generator, "share_base", False):
+        _check_one_device(placement)
+    return placement
+
+
+def _check_one_device(placement: Placement) -> None:
+    """generator.share_base: the base image is one device's, mapped by the learner and every generator."""
+    apart = [d for d in placement.generators if d != placement.learner[0]]
+    if apart:
+        raise ValueError(f"generator.share_base = true with generator.devices={placement.generators} and the learner "
+                         f"on {placement.learner[0]}: every generator must be on the learner's device to map its "
+                         f"base image; set generator.devices = {[placement.learner[0]] * len(placement.generators)} or "
+                         "generator.share_base = false")
 
 
 def visible_gpus() -> int:

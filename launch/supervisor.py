@@ -52,6 +52,9 @@ HUB_READY_S = 60.0  # a (re)started hub answers within this (it replays its log 
 EXIT_CANNOT_START = 2  # a service that exits 2 cannot start as configured (e.g. a damaged journal): no restart
 
 
+BASE_HOLDER = "base-holder"  # the process that owns the shared base image (generator.share_base)
+
+
 class RunFailed(RuntimeError):
     pass
 
@@ -101,6 +104,10 @@ class Supervisor:
         cfg = self.cfg
         out = [ProcessSpec(name=name, module="services.replay", restartable=True,
                            args=["--run-dir", str(self.run_dir), "--name", name]) for name in self.hubs]
+        if cfg.generator.share_base:  # before the learner and generators, which map its image (not restarted)
+            out.append(ProcessSpec(name=BASE_HOLDER, module="services.base_holder",
+                                   args=["--run-dir", str(self.run_dir), "--name", BASE_HOLDER,
+                                         "--device", self.placement.learner[0]]))
         world = cfg.learner.ranks
         gpu = nccl_env() if any(d.startswith("cuda") for d in self.placement.learner + self.placement.generators) else {}
         for rank, device in enumerate(self.placement.learner):
@@ -117,6 +124,10 @@ class Supervisor:
     # ------------------------------------------------------------------ life cycle
 
     def start(self) -> None:
+        if self.cfg.generator.share_base:
+            from asyncrl.weights import base_image
+
+            base_image.clear(self.run_dir)  # an earlier launch's image is gone with its holder
         self._write_run_json()
         for spec in self.specs():
             self.children[spec.name] = self.host.spawn(spec, self.run_dir / "logs")
@@ -172,14 +183,15 @@ class Supervisor:
         final accounting, stop the hub."""
         if self.feeder is not None:
             self.feeder.stop()
-        stop([c for n, c in self.children.items() if n not in self.hubs])  # together: each ends on its own, the hub stays
+        # together: each ends on its own; the hub stays, and the base holder, whose memory the others read to the end
+        stop([c for n, c in self.children.items() if n not in self.hubs and n != BASE_HOLDER])
         stats = self._final_stats()
         if self.peer is not None:
             try:
                 self.peer.request(R.Shutdown(reason="run finished"))
             except Exception:  # noqa: BLE001 - the hub may already be gone
                 pass
-        stop([c for n, c in self.children.items() if n in self.hubs])
+        stop([c for n, c in self.children.items() if n in self.hubs or n == BASE_HOLDER])
         if self.peer is not None:
             self.peer.close()
         self.host.close()

@@ -59,6 +59,7 @@ class RunConfig:
 
         self._check_shards()
         self._check_lora_apply()
+        self._check_share_base()
         self._resolve_rollout_precision()
 
     def _check_shards(self) -> None:
@@ -91,6 +92,23 @@ class RunConfig:
             raise ValueError("generator.lora_apply=\"unmerged\" with generator.deterministic=true: the learner "
                              "re-scores with merged weights, which do not give the unmerged engine's bits; set "
                              "generator.lora_apply = \"merge\"")
+
+    def _check_share_base(self) -> None:
+        """generator.share_base: an image nobody writes, on the one device of one learner rank (the launcher checks
+        the devices)."""
+        if not self.generator.share_base:
+            return
+        why = ("learner.lora_rank = 0 (full fine-tuning writes the base)" if not self.learner.lora_rank else
+               f"generator.engine = {self.generator.engine!r} (the torch engine's)" if self.generator.engine != "torch"
+               else f"generator.lora_apply = {self.generator.lora_apply!r} (a merge writes the base's weights)"
+               if self.generator.lora_apply != "unmerged" else
+               f"learner.ranks = {self.learner.ranks} (the image is one device's)" if self.learner.ranks != 1 else
+               f"launch.placement = {self.launch.placement!r} (one host's processes map it)"
+               if self.launch.placement != "local" else "")
+        if why:
+            raise ValueError(f"generator.share_base = true with {why}: it needs LoRA (learner.lora_rank > 0) kept "
+                             "unmerged by the torch engine (generator.lora_apply = \"unmerged\"), one learner rank and "
+                             "local placement; set those or generator.share_base = false")
 
     def _resolve_rollout_precision(self) -> None:
         """FP8 rollouts need a bf16 model, and `learner.off_policy = "auto"` becomes their correction (tis)."""

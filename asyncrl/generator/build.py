@@ -5,6 +5,7 @@ the LoRA adapters the engine applies) are handed in by services/generator.py, wh
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from asyncrl.observe.timeline import Timeline
 from asyncrl.weights.receiver import WeightReceiver
 
 
+log = logging.getLogger("asyncrl.generator.build")
+
 CPU_THREADS = 1
 """torch threads of a generator on CPU: small decode steps, where threads cost more than they give (and the learner
 shares the cores). Deterministic mode's learner-side engine scores with the same count: a CPU GEMM's float
@@ -32,8 +35,9 @@ reductions depend on it."""
 
 
 def build_engine(gen: GeneratorConfig, model: ModelConfig, device: str, model_path: str,
-                 lora: LoraSpec | None = None) -> Engine:
-    """`lora`: the adapters the torch engine applies itself (adapter_merge.py; None: every push is whole weights)."""
+                 lora: LoraSpec | None = None, run_dir: str | Path | None = None) -> Engine:
+    """`lora`: the adapters the torch engine applies itself (adapter_merge.py; None: every push is whole weights).
+    `run_dir`: where the base holder publishes the shared base image (generator.share_base)."""
     if gen.engine == "sglang":
         from asyncrl.engine.sglang.engine import SGLangEngine
 
@@ -44,12 +48,21 @@ def build_engine(gen: GeneratorConfig, model: ModelConfig, device: str, model_pa
     from asyncrl.engine.torch.engine import TorchEngine
 
     kv = gen.kv_cache_tokens
+    image = None
+    if gen.share_base:
+        if run_dir is None:
+            raise ValueError("generator.share_base needs the run directory, where the base holder publishes the image")
+        from asyncrl.weights.base_image import open_image
+
+        image = open_image(run_dir, device)  # waits for the holder
+        log.info("computing with the shared base image: %d matrices, %.1f MB not held by this process", len(image),
+                 sum(t.numel() * t.element_size() for t in image.values()) / 1e6)
     return TorchEngine(model_path, device=device, dtype=model.dtype, max_running=gen.max_running,
                        num_kv_blocks=-(-kv // KV_BLOCK_SIZE) if kv else None, kv_block_size=KV_BLOCK_SIZE,
                        seed=gen.seed, deterministic=gen.deterministic,
                        prefix_cache=gen.prefix_cache and not gen.deterministic,
                        residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32, lora=lora,
-                       weights_dtype=gen.weights_dtype)
+                       weights_dtype=gen.weights_dtype, base_image=image)
 
 
 KV_BLOCK_SIZE = 16  # tokens per KV block of the torch engine
@@ -63,7 +76,7 @@ def build_generator(
     from transformers import AutoTokenizer
 
     model_path = resolve_model_path(model)
-    engine = build_engine(gen, model, device, model_path, lora)
+    engine = build_engine(gen, model, device, model_path, lora, run_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     hub = hub_peer(hub_endpoints(endpoints), name, timeout_s=10.0)  # loopback: a healthy hub answers in ms
     weights = WeightReceiver(endpoints["weights"], name, device, engine, credentials=Credentials.from_env(),

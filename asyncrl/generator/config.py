@@ -56,6 +56,13 @@ class GeneratorConfig:
     learner's own form (no second copy; a push only copies the adapters; two small matmuls beside each
     projection in every step: a decode step 1.28x as long at 7B, batch 128, on an H100). Not with
     weights_dtype = "fp8", deterministic mode or learner.lora_push = "merged". docs/lora.md compares them."""
+    share_base: bool = False
+    """Torch engine with LoRA adapters kept unmerged (learner.lora_rank > 0, lora_apply = "unmerged"), one learner
+    rank, every generator on the learner's device: hold the frozen base once on that device instead of once per
+    process. A base holder process (started first, stopped last; the run ends if it dies) keeps its matrices in one
+    image the learner and the generators map (CUDA IPC on a GPU, a shared file mapping on the CPU), so each of them
+    keeps only the norms, adapters and KV of its own. learner.lora_trainable must name vectors only (the default,
+    the norms). docs/lora.md ("One copy of the base") has what it saves."""
     prefix_cache: bool = True
     """Torch engine: keep the KV of full 16-token pages after a request ends and reuse it for a later request whose
     tokens start the same way, computed by the same weights (a weight update forgets every page): an episode's

@@ -59,16 +59,18 @@ def decoder_layers(hf: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def shard(root: nn.Module, hf: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+def shard(root: nn.Module, hf: nn.Module, dtype: torch.dtype, device: torch.device,
+          ignored: set[nn.Parameter] | None = None) -> None:
     """fully_shard every decoder layer, then the root, in place, over a 1-D mesh of all ranks on
-    `device`'s type (explicit: the default mesh would pick CUDA whenever it exists, even for CPU ranks)."""
+    `device`'s type (explicit: the default mesh would pick CUDA whenever it exists, even for CPU ranks).
+    `ignored`: parameters FSDP leaves as they are (a shared base image's views: never copied, cast or sharded)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
     # One rank: keep each unit's compute-dtype copy from forward to backward (there is nothing to free).
-    kwargs: dict = {"mesh": mesh, "reshard_after_forward": world > 1}
+    kwargs: dict = {"mesh": mesh, "reshard_after_forward": world > 1, **({"ignored_params": ignored} if ignored else {})}
     if dtype != torch.float32:
         # Inputs keep their dtype: the root's float input is the per-token temperature, which must stay fp32
         # (0.8 in bf16 is 0.80078); the embedding output is already in the compute dtype.

@@ -23,6 +23,8 @@ The rest of the learner sees adapters only through these functions:
                                   the engine merges from its pristine base (asyncrl/engine/torch/adapter_merge.py)
     adapters_off                  the wrapped linears compute the frozen base alone, inside a `with` block (the
                                   KL reference pass, lora_reference.py)
+    adopt_base                    the frozen matrices become views of a shared base image (generator.share_base:
+                                  asyncrl/weights/base_image.py), kept out of FSDP
     peft_state_dict / peft_config an adapter folder in PEFT's layout (asyncrl/models/peft_adapter.py)
     check_targets                 the target and trainable names against a model folder, without loading weights
                                   (preflight)
@@ -31,6 +33,7 @@ The rest of the learner sees adapters only through these functions:
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -42,6 +45,7 @@ from torch import Tensor, nn
 from asyncrl.engine.torch.adapter_merge import merge
 from asyncrl.learner import fsdp
 
+log = logging.getLogger("asyncrl.learner.lora")
 ADAPTERS = ("lora_A", "lora_B")
 
 
@@ -210,10 +214,47 @@ def adapter_push(masters: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, T
     return ((name, fsdp.full_tensor(p.detach())) for name, p in masters if p.requires_grad)
 
 
-def base_push(masters: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+def base_push(masters: Iterable[tuple[str, Tensor]], shared: frozenset[str] = frozenset()
+              ) -> Iterator[tuple[str, Tensor]]:
     """Every tensor as the learner holds it, under its HF name: the frozen base in the compute dtype and the fp32
-    adapters. The full push to a (re)joining generator that merges the adapters itself. Collective under FSDP."""
-    return ((name, fsdp.full_tensor(p.detach())) for name, p in masters)
+    adapters, minus `shared` (the matrices of a shared base image, which the generator maps itself). The full push
+    to a (re)joining generator that merges the adapters itself. Collective under FSDP."""
+    return ((name, fsdp.full_tensor(p.detach())) for name, p in masters if name not in shared)
+
+
+def adopt_base(model: nn.Module, image: dict[str, Tensor], trainable: Sequence[str], dtype: torch.dtype,
+               device: torch.device) -> frozenset[str]:
+    """Make every frozen matrix of `model` (HF names) the tensor of that name in `image`, a shared base image's views
+    (generator.share_base), dropping the model's own copy; -> the names adopted, which the caller keeps out of
+    FSDP (they are never sharded, cast or updated). Call after `apply` and before the model moves to its device.
+    The image must hold exactly the model's matrices, none of them trained, in the compute `dtype` on `device`."""
+    first = next(iter(image.values()))
+    if first.dtype != dtype or first.device.type != device.type:
+        raise ValueError(f"generator.share_base: the base image is {first.dtype} on {first.device}, the learner "
+                         f"computes in {dtype} on {device}; both follow model.dtype and one device")
+    own = {name: p for name, p in model.named_parameters() if p.dim() == 2 and p.is_floating_point()
+           and not is_adapter(name)}
+    missing, extra = sorted(set(own) - set(image)), sorted(set(image) - set(own))
+    if missing or extra:
+        raise ValueError(f"generator.share_base: the base image does not match the learner's model (missing "
+                         f"{missing[:3]}, unexpected {extra[:3]}); the holder and the learner must load one model.path")
+    trained = sorted(set(trainable) & set(own))
+    if trained:
+        raise ValueError(f"generator.share_base: learner.lora_trainable trains {trained[0]}, a matrix of the shared "
+                         "base (read only); train only vectors (norms) beside the adapters, or set "
+                         "generator.share_base = false")
+    for name, old in own.items():
+        new = nn.Parameter(image[name], requires_grad=False)
+        if new.shape != old.shape:
+            raise ValueError(f"generator.share_base: {name} is {tuple(new.shape)} in the base image, "
+                             f"{tuple(old.shape)} in the learner's model")
+        for module in model.modules():  # every owner of this tensor: a tied lm_head shares the embedding's
+            for leaf, p in module._parameters.items():
+                if p is old:
+                    module._parameters[leaf] = new
+    log.info("the frozen base is the shared image's: %d matrices, %.1f MB not held by this process", len(own),
+             sum(image[n].numel() * image[n].element_size() for n in own) / 1e6)
+    return frozenset(own)
 
 
 def peft_saved(tensors: dict[str, Tensor], trainable: Sequence[str]) -> dict[str, Tensor]:

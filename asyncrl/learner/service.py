@@ -59,6 +59,7 @@ from asyncrl.net.sharded_peer import hub_peer
 from asyncrl.rollout.metrics import episode_metrics
 from asyncrl.task.config import TaskConfig
 from asyncrl.observe.timeline import Timeline
+from asyncrl.weights.base_image import open_image
 from asyncrl.weights.bucket import drain
 from asyncrl.weights.sender import WeightSender
 
@@ -110,7 +111,8 @@ class LearnerService:
         model_path = resolve_model_path(model)
         self.trainer = Trainer(cfg, model_path, dtype=model.dtype, device=device, seed=seed,
                                rescorer=build_rescorer(cfg, model, generator, model_path, device),
-                               residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32)
+                               residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32,
+                               base_image=open_image(run_dir, device) if generator.share_base else None)
         self.rank = self.trainer.dist.rank
         self.hub = hub_peer(hub_endpoints(endpoints), name, timeout_s=15.0)
         self.hub.give_up = stopping  # stopping: do not wait for a hub that may be gone for good
@@ -262,7 +264,7 @@ class LearnerService:
     def _full_push(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The stream a (re)joining generator gets: the whole model (with adapter pushes, the base + adapters)."""
         if self.push_mode == "adapter":
-            return lora.base_push(self.trainer.masters)
+            return lora.base_push(self.trainer.masters, self.trainer.shared)  # a joiner maps the shared matrices
         return self.trainer.named_full_tensors()
 
     def _serve_joins(self) -> None:

@@ -65,10 +65,13 @@ _LOSS_SCALE_KEY = "learner_loss_scale"  # fp16's loss scale state rides in the c
 class Trainer:
     def __init__(self, cfg: LearnerConfig, model_path: str, *, dtype: str = "auto",
                  device: str | torch.device | None = None, seed: int = 0, rescorer: Rescorer | None = None,
-                 residual_fp32: bool = False, logits_fp32: bool = False) -> None:
+                 residual_fp32: bool = False, logits_fp32: bool = False,
+                 base_image: dict[str, torch.Tensor] | None = None) -> None:
         """rescorer: deterministic mode's source of proximal logprobs (rescorer.py); None: the policy's forward.
         residual_fp32: an fp32 residual stream in the decoder (residual_stream.py; ModelConfig.residual_fp32).
-        logits_fp32: the lm_head's output in fp32 (asyncrl/precision/fp32_logits.py; ModelConfig.logits_fp32)."""
+        logits_fp32: the lm_head's output in fp32 (asyncrl/precision/fp32_logits.py; ModelConfig.logits_fp32).
+        base_image: with LoRA on one rank, the shared base (generator.share_base; asyncrl/weights/base_image.py)
+        whose views the frozen matrices become (`shared`: their names), on this device and in the compute dtype."""
         self.cfg = cfg
         self.residual_fp32, self.logits_fp32 = residual_fp32, logits_fp32
         self.rescorer = rescorer
@@ -85,6 +88,9 @@ class Trainer:
         torch.manual_seed(seed)
         self.lora: dict[str, lora.LoraLinear] = {}  # module path -> adapter module (lora_rank > 0)
         self.lora_trainable: list[str] = []  # HF names of the base parameters trained beside the adapters
+        self.base_image, self.shared = base_image, frozenset[str]()  # shared: the matrices that are image views
+        if base_image is not None and (not cfg.lora_rank or cfg.ranks != 1):
+            raise ValueError("generator.share_base needs LoRA (learner.lora_rank > 0) and one learner rank")
         self.policy = self._build(model_path, cfg.recipe.value_head, trainable=True)
         self.policy.train()  # every module (from_pretrained leaves the HF model in eval); _update keeps it so
         # KL reference: a second, frozen model; with LoRA none, the policy in reference mode (`lora_ref`)
@@ -109,6 +115,8 @@ class Trainer:
             self.lora = lora.apply(hf, self.cfg.lora_targets, self.cfg.lora_rank, self.cfg.lora_alpha,
                                    self.cfg.lora_dropout)
             self.lora_trainable = lora.trainable_paths(hf, self.cfg.lora_trainable, self.cfg.lora_targets)
+            if self.base_image is not None:  # before the move to the device: the image is there already
+                self.shared = lora.adopt_base(hf, self.base_image, self.lora_trainable, self.dtype, self.dist.device)
         if self.attn == attention.NAME:  # token-major attention forward for packed rows (same parameters)
             lean_attention.install(hf)
         if self.residual_fp32:
@@ -123,7 +131,8 @@ class Trainer:
         if trainable and self.lora:  # before sharding: FSDP2 reads requires_grad and dtypes when it wraps
             lora.freeze_base(hf, self.dtype, self.lora_trainable)
         if self.dist.sharded:
-            fsdp.shard(model, hf, self.dtype, self.dist.device)
+            ignored = {p for name, p in hf.named_parameters() if name in self.shared}  # LoRA's policy only
+            fsdp.shard(model, hf, self.dtype, self.dist.device, ignored=ignored)
         return model
 
     # ------------------------------------------------------------------ the step

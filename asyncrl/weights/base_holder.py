@@ -34,9 +34,12 @@ def hold(run_dir: str, model_path: str, dtype: str, device: str, stopped: Callab
     model = load_hf_folder(model_path, dtypes.torch_dtype(dtype, dev), torch.device("cpu"))  # read once, on the host
     named = base_image.matrices(model.named_parameters())
     image = base_image.write(run_dir, named, dev)
-    log.info("base image: %d matrices, %.2f GB on %s in %.1f s", len(named), image.numel() / 1e9, dev,
+    log.info("base image: %d matrices, %.1f MB on %s in %.1f s", len(named), image.numel() / 1e6, dev,
              time.perf_counter() - t0)
     del model, named
-    while not stopped():
-        time.sleep(poll_s)
-    return image.numel()  # the image stays referenced, and so allocated, until here
+    try:
+        while not stopped():
+            time.sleep(poll_s)
+        return image.numel()  # the image stays referenced, and so allocated, until here
+    finally:
+        base_image.remove(run_dir)  # the consumers are stopped (the launcher stops this process last)

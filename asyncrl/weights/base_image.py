@@ -127,6 +127,12 @@ def clear(run_dir: str | os.PathLike) -> None:
     (folder(run_dir) / MANIFEST).unlink(missing_ok=True)
 
 
+def remove(run_dir: str | os.PathLike) -> None:
+    """The holder, as it stops: the manifest and a CPU image's file (a mapping still open keeps its pages)."""
+    clear(run_dir)
+    (folder(run_dir) / DATA).unlink(missing_ok=True)
+
+
 def read_manifest(run_dir: str | os.PathLike, timeout_s: float, poll_s: float = 0.2) -> dict[str, Any]:
     """The manifest, once the holder has published it; TimeoutError naming the holder's log after `timeout_s`."""
     path = folder(run_dir) / MANIFEST

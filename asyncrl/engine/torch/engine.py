@@ -30,7 +30,7 @@ import inspect
 import os
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -83,6 +83,7 @@ class TorchEngine:
         prefix_cache: bool = False,
         lora: LoraSpec | None = None,
         weights_dtype: str = "model",
+        base_image: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         """model_path: a Hugging Face causal-LM folder. dtype: "auto" (bfloat16 on CUDA, float32 on
         CPU), a name or a torch.dtype. num_kv_blocks: KV cache size in blocks of `kv_block_size`
@@ -101,14 +102,21 @@ class TorchEngine:
         deterministic mode, where a hit would make a sample's numbers depend on what ran before). lora: updates
         may carry LoRA adapters only, merged from a kept pristine base (adapter_merge.py) or, with lora.apply =
         "unmerged", kept apart in the matmuls (adapter_slots.py). weights_dtype: "model"
-        (matmuls in `dtype`) or "fp8" (e4m3 images of every projection, re-quantized at each update: model/fp8.py)."""
+        (matmuls in `dtype`) or "fp8" (e4m3 images of every projection, re-quantized at each update: model/fp8.py).
+        base_image: the shared base (generator.share_base: asyncrl/weights/base_image.py), {HF name: tensor on
+        `device`}: the model's matrices are these tensors, never copied and never written (a push that writes one
+        is refused); needs LoRA adapters kept unmerged."""
         self.device = torch.device(device)
         if self.device.type == "cuda":  # Triton kernels and CUDA graphs run on the current device
             if self.device.index is None:  # "cuda": the current device, named (set_device needs an index)
                 self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         self.dtype = dtypes.torch_dtype(dtype, self.device)
-        model = load_hf_folder(model_path, self.dtype, self.device)
+        if base_image is not None and (lora is None or lora.apply != "unmerged"):
+            raise ValueError("generator.share_base needs LoRA adapters kept unmerged (learner.lora_rank > 0, "
+                             "generator.lora_apply = \"unmerged\"): any other update writes the base's weights")
+        model = load_hf_folder(model_path, self.dtype, self.device, image=base_image)
+        self._shared = frozenset(base_image or ())  # names whose tensors are the shared image's
         model.model.residual_fp32 = residual_fp32
         model.logits_fp32 = logits_fp32
         self._setup(model, max_running, num_kv_blocks, kv_block_size, max_prefill_tokens, max_model_len, seed,
@@ -119,10 +127,11 @@ class TorchEngine:
         """An engine around an already built compact model (e.g. `build_from_hf` of an in-memory Hugging
         Face model, sharing its tensors); options as for the constructor, minus model_path / dtype."""
         self = cls.__new__(cls)
+        self._shared = frozenset()
         p = model.lm_head.weight
         self.device, self.dtype = p.device, p.dtype
         defaults = {name: p.default for name, p in inspect.signature(cls).parameters.items()
-                    if name not in ("model_path", "device", "dtype", "residual_fp32", "logits_fp32")}
+                    if name not in ("model_path", "device", "dtype", "residual_fp32", "logits_fp32", "base_image")}
         model.model.residual_fp32 = bool(options.pop("residual_fp32", model.model.residual_fp32))
         model.logits_fp32 = bool(options.pop("logits_fp32", model.logits_fp32))
         unknown = set(options) - set(defaults)
@@ -282,7 +291,18 @@ class TorchEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if not self._updating:
             raise RuntimeError("load_weights() outside a weight update: call begin_weight_update() first")
+        if self._shared:
+            named_tensors = self._refuse_shared(named_tensors)
         load_weights(self.model, self.adapters.take(named_tensors) if self.adapters else named_tensors, self._params)
+
+    def _refuse_shared(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in named:
+            if name in self._shared:
+                raise ValueError(f"generator.share_base: a push writes {name}, a tensor of the shared base image this "
+                                 "engine computes with (a learner.lora_trainable matrix, or a full push); the base "
+                                 "is read only. Train only vectors (norms) beside the adapters, or set "
+                                 "generator.share_base = false")
+            yield name, t
 
     def end_weight_update(self, version: int) -> None:
         if not self._updating:

@@ -2,7 +2,7 @@
 
 from asyncrl.engine.torch.model.config import SUPPORTED_ARCHITECTURES, ArchConfig
 from asyncrl.engine.torch.model.decoder import CausalLM
-from asyncrl.engine.torch.model.loader import build_from_hf, load_hf_folder, load_weights, parameter_index
+from asyncrl.engine.torch.model.loader import adopt, build_from_hf, load_hf_folder, load_weights, parameter_index
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "ArchConfig", "CausalLM", "build_from_hf", "load_hf_folder", "load_weights",
-           "parameter_index"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "ArchConfig", "CausalLM", "adopt", "build_from_hf", "load_hf_folder",
+           "load_weights", "parameter_index"]

@@ -130,9 +130,12 @@ class MLP(nn.Module):
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate the linears' weights (and biases) along the output dim into one tensor and make
-    each module's parameters views of it, so in-place loads by name update the fused tensor.
+    each module's parameters views of it, so in-place loads by name update the fused tensor. Weights that already
+    lie back to back in one storage (a shared base image: asyncrl/weights/base_image.py) are viewed, not copied.
     -> (weight [sum out, in], bias or None)."""
-    weight = torch.cat([lin.weight.detach() for lin in linears])
+    weight = _adjacent([lin.weight.detach() for lin in linears])
+    if weight is None:
+        weight = torch.cat([lin.weight.detach() for lin in linears])
     has_bias = linears[0].bias is not None
     bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None
     start = 0
@@ -143,3 +146,17 @@ def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
             lin.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
         start += rows
     return weight, bias
+
+
+def _adjacent(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The row-contiguous `parts` as one [sum rows, cols] view where each starts where the one before ends in one
+    storage; else None."""
+    first = parts[0]
+    if not all(p.is_contiguous() and p.dtype == first.dtype and p.shape[1:] == first.shape[1:] for p in parts):
+        return None
+    at = first.data_ptr()
+    for p in parts:
+        if p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or p.data_ptr() != at:
+            return None
+        at += p.numel() * p.element_size()
+    return first.as_strided((sum(p.shape[0] for p in parts), *first.shape[1:]), first.stride())

@@ -27,7 +27,10 @@ from asyncrl.engine.torch.model.multi_copy import multi_copy
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq")
 
 
-def load_hf_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.device) -> CausalLM:
+def load_hf_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.device,
+                   image: Mapping[str, torch.Tensor] | None = None) -> CausalLM:
+    """The compact model of folder `path` on `device`; with `image` (a shared base image on `device`) its matrices
+    are the image's tensors (`adopt`) and only the rest (norms, biases) is copied to the device."""
     model = load_direct(path, dtype)
     if model is None:
         from transformers import AutoModelForCausalLM  # heavy import, only when a model is loaded
@@ -35,6 +38,8 @@ def load_hf_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.de
         hf_model = AutoModelForCausalLM.from_pretrained(os.fspath(path), dtype=dtype)
         model = build_from_hf(hf_model)
         del hf_model
+    if image is not None:
+        adopt(model, image)
     model.to(device)
     model.tie_weights()
     return model
@@ -100,6 +105,27 @@ def _copy_rope(model: CausalLM, hf_model: Any) -> None:
         ours.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
     else:
         ours.inv_freq = default_inv_freq(model.cfg.head_dim, model.cfg.rope_theta)
+
+
+def adopt(model: CausalLM, image: Mapping[str, torch.Tensor]) -> frozenset[str]:
+    """Make every matrix of `model` the tensor of the same Hugging Face name in `image` (a shared base image's
+    views: asyncrl/weights/base_image.py), dropping the model's own copy; -> the names adopted. Call before the
+    projections are fused (they then fuse into views of the image: layers.fuse_linears) and before the model
+    moves to its device (the image is there already). The image must hold exactly the model's matrices."""
+    own = {name: p for name, p in model.named_parameters() if p.dim() == 2 and p.is_floating_point()}
+    missing, extra = sorted(set(own) - set(image)), sorted(set(image) - set(own))
+    if missing or extra:
+        raise ValueError(f"generator.share_base: the base image does not match this model (missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}); the holder and this process must load one model.path")
+    for name, p in own.items():
+        t = image[name]
+        if t.shape != p.shape or t.dtype != p.dtype:
+            raise ValueError(f"generator.share_base: {name} is {t.dtype} {tuple(t.shape)} in the base image, "
+                             f"{p.dtype} {tuple(p.shape)} here; the holder and this process must use one model.dtype")
+        module_path, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(module_path), leaf, torch.nn.Parameter(t, requires_grad=False))
+    model.tie_weights()
+    return frozenset(own)
 
 
 def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]],
