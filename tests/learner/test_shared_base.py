@@ -119,3 +119,33 @@ def test_a_generator_off_the_learners_device_is_refused():
     with pytest.raises(ValueError, match=r"every generator must be on the learner's device .* generator.devices = "
                                          r"\['cuda:0'\]"):
         run_placement(cfg, gpus=2)
+
+
+def test_an_engine_on_the_image_never_reads_its_matrices_from_disk(tiny_model, tmp_path, monkeypatch):
+    import safetensors
+
+    image = holder(tiny_model, tmp_path)
+    read: list[str] = []
+    real = safetensors.safe_open
+
+    class Recording:
+        def __init__(self, *a, **kw):
+            self.f = real(*a, **kw)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def keys(self):
+            return self.f.keys()
+
+        def get_tensor(self, name):
+            read.append(name)
+            return self.f.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Recording)
+    TorchEngine(tiny_model, max_running=4, lora=UNMERGED, base_image=image)
+    assert read and not set(read) & set(image)  # the norms and biases only

@@ -31,7 +31,7 @@ def load_hf_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.de
                    image: Mapping[str, torch.Tensor] | None = None) -> CausalLM:
     """The compact model of folder `path` on `device`; with `image` (a shared base image on `device`) its matrices
     are the image's tensors (`adopt`) and only the rest (norms, biases) is copied to the device."""
-    model = load_direct(path, dtype)
+    model = load_direct(path, dtype, image)
     if model is None:
         from transformers import AutoModelForCausalLM  # heavy import, only when a model is loaded
 
@@ -39,20 +39,21 @@ def load_hf_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.de
         model = build_from_hf(hf_model)
         del hf_model
     if image is not None:
-        adopt(model, image)
+        adopt(model, image)  # checks the image against the model (the direct path built it from the image already)
     model.to(device)
     model.tie_weights()
     return model
 
 
-def load_direct(path: str | os.PathLike, dtype: torch.dtype) -> CausalLM | None:
+def load_direct(path: str | os.PathLike, dtype: torch.dtype,
+                image: Mapping[str, torch.Tensor] | None = None) -> CausalLM | None:
     """The compact model of folder `path` (on CPU) without building transformers' model; None where the folder
-    needs that path (see the module doc)."""
+    needs that path (see the module doc). With `image` its tensors are taken as they are (on their device) and only
+    the file's other tensors are read: a shared base's matrices are never read from disk."""
     folder = Path(path)
     weights = folder / "model.safetensors"
     if not weights.is_file():
         return None
-    from safetensors.torch import load_file
     from transformers import AutoConfig, GenerationConfig
 
     config = AutoConfig.from_pretrained(folder)
@@ -61,13 +62,22 @@ def load_direct(path: str | os.PathLike, dtype: torch.dtype) -> CausalLM | None:
         return None
     generation = GenerationConfig.from_pretrained(folder) if (folder / "generation_config.json").is_file() else None
     arch = ArchConfig.from_hf(names[0], config, generation)
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(weights).items()}
-    model, _ = _assemble(arch, state)
+    state = _read(weights, dtype, skip=set(image or ()))
+    model, _ = _assemble(arch, {**state, **(image or {})})  # an image of other names: None, and `adopt` says why
     if model is None:
         return None  # names of another layout: transformers' loading knows its renames
     model.model.rotary_emb.inv_freq = default_inv_freq(arch.head_dim, arch.rope_theta)
     model.model.rotary_emb.attention_scaling = 1.0
     return model
+
+
+def _read(weights: Path, dtype: torch.dtype, skip: set[str]) -> dict[str, torch.Tensor]:
+    """The file's tensors but `skip`, floating point ones cast to `dtype`."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as f:
+        out = {k: f.get_tensor(k) for k in f.keys() if k not in skip}
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.items()}
 
 
 def build_from_hf(hf_model: Any) -> CausalLM:
