@@ -22,6 +22,7 @@ the launcher deletes the manifest of an earlier launch before anything starts.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -51,7 +52,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return _numel(self.shape) * _dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _dtype(self.dtype).itemsize
 
 
 def folder(run_dir: str | os.PathLike) -> Path:
@@ -170,22 +171,6 @@ def open_image(run_dir: str | os.PathLike, device: str | torch.device, timeout_s
     return {e.name: _view(flat, e) for e in entries}
 
 
-def fused_view(tensors: dict[str, Tensor], names: list[str]) -> Tensor | None:
-    """The rows of `names` (one group, in order) as one [sum(rows), cols] view of the image, or None where they are
-    not back to back in it (or not all there)."""
-    parts = [tensors.get(n) for n in names]
-    if any(p is None for p in parts):
-        return None
-    first = parts[0]
-    rows = sum(p.shape[0] for p in parts)
-    expect = first.data_ptr()
-    for p in parts:
-        if p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.data_ptr() != expect:
-            return None
-        expect += p.numel() * p.element_size()
-    return first.as_strided((rows, *first.shape[1:]), first.stride())
-
-
 def _view(flat: Tensor, e: Entry) -> Tensor:
     return flat[e.offset:e.offset + e.nbytes].view(_dtype(e.dtype)).view(e.shape)
 
@@ -195,13 +180,6 @@ def _dtype(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"base image: unknown dtype {name!r}")
     return dtype
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _hex(fields: dict[str, Any]) -> dict[str, Any]:

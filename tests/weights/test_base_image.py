@@ -52,16 +52,14 @@ def test_fused_groups_lie_back_to_back_and_groups_are_aligned():
     assert nbytes == max(e.offset + e.nbytes for e in entries)
 
 
-def test_an_image_opens_as_views_with_the_fused_groups_one_view_each(tmp_path):
+def test_an_image_opens_as_views_with_each_fused_group_back_to_back(tmp_path):
     named = base_image.matrices(named_model())
     flat = base_image.write(tmp_path, named, torch.device("cpu"))
     opened = base_image.open_image(tmp_path, "cpu", timeout_s=1)
     assert set(opened) == {n for n, _ in named}
     assert all(torch.equal(opened[n], t) for n, t in named)
-    names = [f"model.layers.1.self_attn.{x}_proj.weight" for x in "qkv"]
-    qkv = base_image.fused_view(opened, names)
-    assert torch.equal(qkv, torch.cat([opened[n] for n in names])) and qkv.data_ptr() == opened[names[0]].data_ptr()
-    assert base_image.fused_view(opened, names[::-1]) is None  # not in image order: no single view
+    q, k, v = (opened[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv")
+    assert k.data_ptr() == q.data_ptr() + q.nbytes and v.data_ptr() == k.data_ptr() + k.nbytes  # one [q+k+v] view
     flat[:4] = 7  # the holder's bytes and a consumer's views are one mapping of the same file
     assert opened["model.embed_tokens.weight"].view(torch.uint8).flatten()[:4].tolist() == [7] * 4
 
