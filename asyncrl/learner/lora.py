@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asyncrl.engine.torch.adapter_merge import merge
+from asyncrl.engine.torch.model.loader import adopt
 from asyncrl.learner import fsdp
 
 log = logging.getLogger("asyncrl.learner.lora")
@@ -225,36 +226,24 @@ def base_push(masters: Iterable[tuple[str, Tensor]], shared: frozenset[str] = fr
 def adopt_base(model: nn.Module, image: dict[str, Tensor], trainable: Sequence[str], dtype: torch.dtype,
                device: torch.device) -> frozenset[str]:
     """Make every frozen matrix of `model` (HF names) the tensor of that name in `image`, a shared base image's views
-    (generator.share_base), dropping the model's own copy; -> the names adopted, which the caller keeps out of
-    FSDP (they are never sharded, cast or updated). Call after `apply` and before the model moves to its device.
-    The image must hold exactly the model's matrices, none of them trained, in the compute `dtype` on `device`."""
+    (generator.share_base), dropping the model's own copy (the engine's `adopt`); -> the names adopted, which the
+    caller keeps out of FSDP (they are never sharded, cast or updated). Call after `apply` and before the model
+    moves to its device. The image must hold exactly the model's matrices, none of them trained, in the compute
+    `dtype` on `device`."""
     first = next(iter(image.values()))
     if first.dtype != dtype or first.device.type != device.type:
         raise ValueError(f"generator.share_base: the base image is {first.dtype} on {first.device}, the learner "
                          f"computes in {dtype} on {device}; both follow model.dtype and one device")
-    own = {name: p for name, p in model.named_parameters() if p.dim() == 2 and p.is_floating_point()
-           and not is_adapter(name)}
-    missing, extra = sorted(set(own) - set(image)), sorted(set(image) - set(own))
-    if missing or extra:
-        raise ValueError(f"generator.share_base: the base image does not match the learner's model (missing "
-                         f"{missing[:3]}, unexpected {extra[:3]}); the holder and the learner must load one model.path")
-    trained = sorted(set(trainable) & set(own))
+    names = [n for n, p in model.named_parameters() if p.dim() == 2 and p.is_floating_point() and not is_adapter(n)]
+    trained = sorted(set(trainable) & set(names))
     if trained:
         raise ValueError(f"generator.share_base: learner.lora_trainable trains {trained[0]}, a matrix of the shared "
                          "base (read only); train only vectors (norms) beside the adapters, or set "
                          "generator.share_base = false")
-    for name, old in own.items():
-        new = nn.Parameter(image[name], requires_grad=False)
-        if new.shape != old.shape:
-            raise ValueError(f"generator.share_base: {name} is {tuple(new.shape)} in the base image, "
-                             f"{tuple(old.shape)} in the learner's model")
-        for module in model.modules():  # every owner of this tensor: a tied lm_head shares the embedding's
-            for leaf, p in module._parameters.items():
-                if p is old:
-                    module._parameters[leaf] = new
-    log.info("the frozen base is the shared image's: %d matrices, %.1f MB not held by this process", len(own),
-             sum(image[n].numel() * image[n].element_size() for n in own) / 1e6)
-    return frozenset(own)
+    adopted = adopt(model, image, names, owner="the learner's model", dtype=dtype)  # loaded in fp32, computed in dtype
+    log.info("the frozen base is the shared image's: %d matrices, %.1f MB not held by this process", len(adopted),
+             sum(image[n].numel() * image[n].element_size() for n in adopted) / 1e6)
+    return adopted
 
 
 def peft_saved(tensors: dict[str, Tensor], trainable: Sequence[str]) -> dict[str, Tensor]:

@@ -117,24 +117,32 @@ def _copy_rope(model: CausalLM, hf_model: Any) -> None:
         ours.inv_freq = default_inv_freq(model.cfg.head_dim, model.cfg.rope_theta)
 
 
-def adopt(model: CausalLM, image: Mapping[str, torch.Tensor]) -> frozenset[str]:
-    """Make every matrix of `model` the tensor of the same Hugging Face name in `image` (a shared base image's
-    views: asyncrl/weights/base_image.py), dropping the model's own copy; -> the names adopted. Call before the
-    projections are fused (they then fuse into views of the image: layers.fuse_linears) and before the model
-    moves to its device (the image is there already). The image must hold exactly the model's matrices."""
-    own = {name: p for name, p in model.named_parameters() if p.dim() == 2 and p.is_floating_point()}
+def adopt(model: torch.nn.Module, image: Mapping[str, torch.Tensor], names: Iterable[str] | None = None,
+          owner: str = "this model", dtype: torch.dtype | None = None) -> frozenset[str]:
+    """Make each parameter of `names` (default: every matrix of `model`) the tensor of the same Hugging Face name
+    in `image` (a shared base image's views: asyncrl/weights/base_image.py), in every module that holds it (a tied
+    head too), dropping the model's own copy; -> the names. The image must hold exactly those names, with their
+    shapes and dtypes (`dtype`: the one dtype the image must have, where the model's own copy is in another). The
+    engine calls it before the projections are fused (they then fuse into views of the image: layers.fuse_linears)
+    and before the model moves to its device (the image is there already); the learner with its frozen matrices
+    (lora.adopt_base)."""
+    params = dict(model.named_parameters())
+    own = {n: params[n] for n in names} if names is not None else {
+        n: p for n, p in params.items() if p.dim() == 2 and p.is_floating_point()}
     missing, extra = sorted(set(own) - set(image)), sorted(set(image) - set(own))
     if missing or extra:
-        raise ValueError(f"generator.share_base: the base image does not match this model (missing {missing[:3]}, "
-                         f"unexpected {extra[:3]}); the holder and this process must load one model.path")
-    for name, p in own.items():
-        t = image[name]
-        if t.shape != p.shape or t.dtype != p.dtype:
+        raise ValueError(f"generator.share_base: the base image does not match {owner} (missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}); the holder and every process must load one model.path")
+    for name, old in own.items():
+        t, want = image[name], dtype or old.dtype
+        if t.shape != old.shape or t.dtype != want:
             raise ValueError(f"generator.share_base: {name} is {t.dtype} {tuple(t.shape)} in the base image, "
-                             f"{p.dtype} {tuple(p.shape)} here; the holder and this process must use one model.dtype")
-        module_path, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(module_path), leaf, torch.nn.Parameter(t, requires_grad=False))
-    model.tie_weights()
+                             f"{want} {tuple(old.shape)} in {owner}; every process must use one model.dtype")
+        new = torch.nn.Parameter(t, requires_grad=False)
+        for module in model.modules():
+            for leaf, p in module._parameters.items():
+                if p is old:
+                    module._parameters[leaf] = new
     return frozenset(own)
 
 
