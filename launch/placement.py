@@ -59,7 +59,7 @@ def run_placement(cfg: Any, gpus: int | None = None) -> Placement:
         gpus = visible_gpus()
     placement = place(learner_ranks=cfg.learner.ranks, learner_devices=cfg.learner.devices,
                       generators=cfg.generator.count, generator_devices=cfg.generator.devices, gpus=gpus)
-    if getattr(cfg.generator, "share_base", False):
+    if cfg.generator.share_base:
         _check_one_device(placement)
     return placement
 
