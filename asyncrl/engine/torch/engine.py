@@ -30,7 +30,7 @@ import inspect
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
@@ -291,18 +291,8 @@ class TorchEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if not self._updating:
             raise RuntimeError("load_weights() outside a weight update: call begin_weight_update() first")
-        if self._shared:
-            named_tensors = self._refuse_shared(named_tensors)
-        load_weights(self.model, self.adapters.take(named_tensors) if self.adapters else named_tensors, self._params)
-
-    def _refuse_shared(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, t in named:
-            if name in self._shared:
-                raise ValueError(f"generator.share_base: a push writes {name}, a tensor of the shared base image this "
-                                 "engine computes with (a learner.lora_trainable matrix, or a full push); the base "
-                                 "is read only. Train only vectors (norms) beside the adapters, or set "
-                                 "generator.share_base = false")
-            yield name, t
+        load_weights(self.model, self.adapters.take(named_tensors) if self.adapters else named_tensors, self._params,
+                     read_only=self._shared)
 
     def end_weight_update(self, version: int) -> None:
         if not self._updating:

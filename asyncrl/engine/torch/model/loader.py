@@ -147,14 +147,21 @@ def adopt(model: torch.nn.Module, image: Mapping[str, torch.Tensor], names: Iter
 
 
 def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                 params: Mapping[str, torch.Tensor] | None = None) -> list[str]:
+                 params: Mapping[str, torch.Tensor] | None = None, read_only: frozenset[str] = frozenset()
+                 ) -> list[str]:
     """Copy tensors by Hugging Face name into `model`'s parameters, in place (dtype and device are
     converted). Validates the whole batch first, so a bad name or shape changes nothing. Returns the
     names loaded. `params`: `parameter_index(model)`, kept by a caller that loads often (building it walks
-    every module: ~1 ms a push at 28 layers, host time the engine is paused for)."""
+    every module: ~1 ms a push at 28 layers, host time the engine is paused for). `read_only`: names no update
+    may write (the matrices of a shared base image, `adopt`)."""
     items = [(name, t) for name, t in named_tensors if not name.endswith(_IGNORED_SUFFIXES)]
     if not items:
         return []
+    written = [name for name, _ in items if name in read_only]
+    if written:
+        raise ValueError(f"generator.share_base: a push writes {written[0]}, a tensor of the shared base image this "
+                         "engine computes with (a learner.lora_trainable matrix, or a full push); the base is read "
+                         "only. Train only vectors (norms) beside the adapters, or set generator.share_base = false")
     params = parameter_index(model) if params is None else params
     unknown = [name for name, _ in items if name not in params]
     if unknown:
