@@ -15,6 +15,8 @@
 #                     steady step, adapter push ms and bytes, checkpoint stall and files, each process's GPU peaks
 #                     generator.lora_apply = $LORA_APPLY (default merge; unmerged: adapters kept apart),
 #                     generator.ipc_staging = $LORA_STAGING (default false; true: the push waits for no decode step)
+#   4b. pipeline_7b_shared  the same with generator.share_base (one copy of the base for learner and generator;
+#                     always unmerged): GPU memory against step 4's (summary: shared_base_more_free_gib)
 #   5. engine_7b      bench.lora_engine on the 7B folder: the engine's two ways to apply adapters (merge,
 #                     unmerged) and no LoRA, side by side: the receiving side of a push, decode step, tokens/s
 #                     (after the pipeline, whose pause is the issue's bar: this one gets what is left)
@@ -66,18 +68,24 @@ if eng:
 cmp15 = last("learner_1.5b", "learner_lora_compare")
 out["1.5b_lora64_vs_full"] = {k: cmp15.get(k) for k in ("step_s", "peak_mem_gib", "step_peak_mem_gib", "free_mem_gib",
                                                         "trained_params", "adapter_push_bytes", "over_full")}
-p = last("pipeline_7b")
-if p:
+def pipeline(p):
     mem = p["gpu_memory"]["async"] or {}
     free = [row["min_free_gib"] for proc in mem.values() for row in proc.values()]
     ck = p["span_s"]["async"].get("checkpoint", {})
     files = p["checkpoint_files"]["async"]
-    push = p["push"]["async"]
-    out["7b_pipeline"] = {
+    return {
         "steady_step_s": p["steady_step_s"]["async"], "train_s": p["span_s"]["async"].get("train"),
         "generate_s": p["span_s"]["async"].get("generate"), "push_span_s": p["span_s"]["async"].get("push"),
-        "push": push, "checkpoint_stall_s": ck, "checkpoint_files": files, **checkpoint_sizes(files),
+        "push": p["push"]["async"], "checkpoint_stall_s": ck, "checkpoint_files": files, **checkpoint_sizes(files),
         "gpu_memory": mem, "min_free_gib": min(free) if free else None}
+
+
+for key, name in (("7b_pipeline", "pipeline_7b"), ("7b_pipeline_shared", "pipeline_7b_shared")):
+    if last(name):
+        out[key] = pipeline(last(name))
+own, shared = (out.get(k, {}).get("min_free_gib") for k in ("7b_pipeline", "7b_pipeline_shared"))
+if own is not None and shared is not None:
+    out["shared_base_more_free_gib"] = round(shared - own, 2)  # generator.share_base against own copies
 l7 = last("learner_7b")
 if l7:
     out["7b_learner"] = {k: l7.get(k) for k in ("step_s", "load_s", "peak_mem_gib", "load_peak_mem_gib", "step_peak_mem_gib",
@@ -142,15 +150,21 @@ step pipeline_7b 220 100 python -m bench.pipeline configs/gpu-1-lora.toml --set 
   --set "generator.lora_apply=${LORA_APPLY:-merge}" --set "generator.ipc_staging=${LORA_STAGING:-false}" --set learner.compile=false --set learner.checkpoint_every=2 --set learner.steps=40 \
   --modes async --repeats 1 --stop-after 6 --keep "$RUNS" --timeline "$RES/pipeline_7b_timeline.json" \
   ${LORA_PIPELINE_SETS:-}
+step pipeline_7b_shared 220 100 python -m bench.pipeline configs/gpu-1-lora.toml --set "model.path=$MODELS/7b" \
+  --set generator.lora_apply=unmerged --set "generator.ipc_staging=${LORA_STAGING:-false}" \
+  --set generator.share_base=true --set learner.compile=false --set learner.checkpoint_every=2 --set learner.steps=40 \
+  --modes async --repeats 1 --stop-after 6 --keep "$RUNS/shared" --timeline "$RES/pipeline_7b_shared_timeline.json" \
+  ${LORA_PIPELINE_SETS:-}
 step engine_7b 150 60 python -m bench.lora_engine --model "$MODELS/7b" --rank 64 --batch 128 --prompt-len 256 \
   --output-len 128 --pushes 5 --repeats 2
 step learner_7b 120 80 python -m bench.learner --model "$MODELS/7b" --shape 7b --lora-rank 64 \
   --micro-batch-tokens 4096 --skip-hf --steps 2 --warmup 1 --checkpoint
 
 kill "$SMI" 2>/dev/null
-for run in "$RUNS"/*/; do  # the small files of each pipeline run (its checkpoints stay behind)
+for run in "$RUNS"/*/ "$RUNS"/shared/*/; do  # the small files of each pipeline run (its checkpoints stay behind)
   [ -d "$run" ] || continue
-  dst="$RES/runs/$(basename "$run")"
+  rel=${run#"$RUNS"/}
+  dst="$RES/runs/${rel%/}"  # shared/<run> for step 4b's
   mkdir -p "$dst"
   cp -r "$run"/metrics.jsonl "$run"/summary.json "$run"/config.json "$run"/logs "$run"/timeline "$run"/gpu_memory \
     "$dst"/ 2>/dev/null
