@@ -156,6 +156,22 @@ def test_bf16_under_fsdp_holds_the_base_in_bf16_and_keeps_it(tiny_model):
     assert merged["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float32
 
 
+def test_one_rank_holds_the_frozen_base_once(tiny_model):
+    """One FSDP2 rank keeps the unsharded compute copy of what it wraps beside the shard for the whole run
+    (fsdp.ComputeCopy). The frozen base is left out of FSDP there, so after training steps (and a checkpoint's
+    state-dict call) the tensor each module computes with is the one tensor held for it: no second copy."""
+    t = Trainer(LearnerConfig(**LORA), str(tiny_model), device="cpu", dtype="bfloat16")
+    held = {k: p for k, p in t.masters if not is_trained(k)}
+    train(t, range(1, 3))
+    t.policy.reshard()  # as a checkpoint leaves it; the next forward unsharded the trained ones again
+    train(t, range(3, 4))
+    live = dict(t.policy.hf.named_parameters())
+    for k, p in held.items():
+        assert not hasattr(p, "device_mesh") and p.dtype == torch.bfloat16, k
+        assert live[k].untyped_storage().data_ptr() == p.untyped_storage().data_ptr(), k
+    assert all(hasattr(p, "device_mesh") for k, p in t.masters if is_trained(k))  # the trained ones: FSDP's
+
+
 def test_checkpoint_holds_adapters_only_and_resumes_exactly(tiny_model, tmp_path):
     cfg = {"algorithm": "dapo", "warmup_steps": 1, "lr_schedule": "cosine", "steps": 6, "clip_eps_high": 0.28}
     straight = lora_trainer(tiny_model, **cfg)
