@@ -130,7 +130,12 @@ class Trainer:
         model.requires_grad_(trainable)
         if trainable and self.lora:  # before sharding: FSDP2 reads requires_grad and dtypes when it wraps
             lora.freeze_base(hf, self.dtype, self.lora_trainable)
-        if self.dist.sharded:
+        if self.dist.sharded and not trainable and self.dist.world_size == 1:
+            # The KL reference on one rank: frozen, so held once in the compute dtype rather than as an fp32 shard
+            # beside FSDP2's kept compute copy (the casts FSDP2 would make, made once; buffers keep their dtype)
+            for p in model.parameters():
+                p.data = p.data.to(self.dtype)
+        elif self.dist.sharded:
             fsdp.shard(model, hf, self.dtype, self.dist.device, ignored=self._unsharded(hf, trainable))
         return model
 

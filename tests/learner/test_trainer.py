@@ -78,3 +78,15 @@ def test_proximal_from_update_equals_separate_pass(tiny_model, monkeypatch, off_
     for key in ("loss", "is_weight_mean", "is_dropped_frac", "behav_prox_logp_absdiff", "clip_frac"):
         assert m_skip[key] == pytest.approx(m_pass[key], abs=1e-7), key
     assert m_pass["behav_prox_logp_absdiff"] > 0.05 and m_pass["is_weight_max"] > 1.0  # the weights matter
+
+
+def test_one_rank_bf16_kl_reference_is_held_once_in_bf16(tiny_model):
+    """One FSDP2 rank (gloo, bf16 compute): the frozen KL reference is plain bf16 tensors, not an fp32 shard beside
+    FSDP2's kept compute copy; its logprobs are the policy's at step 1 (both the bf16 cast of the same weights)."""
+    trainer = Trainer(LearnerConfig(algorithm="grpo", kl_coef=0.1, micro_batch_tokens=32), str(tiny_model),
+                      device="cpu", dtype="bfloat16")
+    assert trainer.dist.sharded and trainer.ref is not None
+    assert {p.dtype for p in trainer.ref.parameters()} == {torch.bfloat16}
+    assert not any(hasattr(p, "device_mesh") for p in trainer.ref.parameters())
+    first = trainer.train_step(make_batch(seed=1, step=1))
+    assert first["kl"] == 0.0 and trainer.train_step(make_batch(seed=2, step=2))["kl"] > 0
