@@ -28,6 +28,11 @@
 # 2026-12-05 (fifth session, an H100): two calls before the runs. Call 1 carries .whl + .part_a (`env`, `part_a`); call 2
 # carries .part_b + .part_c (56 MB + the ~10 MB tree: just under the 64 MiB) and runs `part_b`, `model`, `bench.recipes
 # start` of a pair and `collect --wait 515 --every 60` (ends ~9:35 after the launch; the runs' summaries come at ~9:25).
+# 2026-12-05 (eighth session, an H100): two parts instead of three, so the model is whole after two calls. A call
+# carries at most 64 MiB with the ~11.4 MiB tree: part A 43,778,048 bytes beside the 10.3 MiB of wheels, part B the
+# other 54,584,384 (`head -c 43778048 GGUF > .part_a/ggpart_aa; tail -c +43778049 GGUF > .part_b/ggpart_ab`; ~0.5 MiB
+# to spare in each call). Calls: 1) .whl + .part_a: `env`, `part_a`, GPU tests and the LoRA script; 2) .part_b:
+# `part_b`, `model`, a pair, `collect --wait 440`; 3) the next pair; each sent as soon as the one before returned.
 # Two arithmetic runs at the recipe's sizes take ~50 GB. Never `pkill -f` a pattern that your own command line
 # contains (it ends the call's shell: one follow-up call died that way).
 set -euo pipefail
