@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 from asyncrl.observe.stage import stage  # named ranges in bench.learner --profile
 
 from asyncrl import records
@@ -130,23 +130,9 @@ class Trainer:
         model.requires_grad_(trainable)
         if trainable and self.lora:  # before sharding: FSDP2 reads requires_grad and dtypes when it wraps
             lora.freeze_base(hf, self.dtype, self.lora_trainable)
-        if self.dist.sharded and not trainable and self.dist.world_size == 1:
-            # The KL reference on one rank: frozen, so held once in the compute dtype rather than as an fp32 shard
-            # beside FSDP2's kept compute copy (the casts FSDP2 would make, made once; buffers keep their dtype)
-            for p in model.parameters():
-                p.data = p.data.to(self.dtype)
-        elif self.dist.sharded:
-            fsdp.shard(model, hf, self.dtype, self.dist.device, ignored=self._unsharded(hf, trainable))
+        if self.dist.sharded:
+            fsdp.shard(model, hf, self.dtype, self.dist.device)
         return model
-
-    def _unsharded(self, hf: nn.Module, trainable: bool) -> set[nn.Parameter]:
-        """Parameters FSDP is to leave alone: with LoRA on one rank, the whole frozen base (a shared base image's
-        views among them: never copied, cast or sharded). One rank gains nothing from sharding, and FSDP would hold
-        the base twice there, its shard and beside it the unsharded compute copy it keeps from the first forward on
-        (fsdp.ComputeCopy): 14 GiB more at 7B in bf16. freeze_base has cast it to the compute dtype already."""
-        if not (trainable and self.lora) or self.dist.world_size > 1:
-            return set()
-        return {p for p in hf.parameters() if not p.requires_grad}
 
     # ------------------------------------------------------------------ the step
 
