@@ -22,6 +22,10 @@ tool), which weighs less the more waves run. Each tool latency runs with the eng
     prefill_frac             their ratio; prefix_cache_hit_tokens: tokens the cache served (the whole run)
     vs_no_cache              with the cache: {prefill_tokens, tokens_per_s} / the same latency's figures without it
     turns, episodes_per_s, env_time_s (means per episode)
+
+Turns are `--turn-tokens` long, all of them, unless `--turn-spread s` gives each prompt's turns a length drawn
+uniformly from turn_tokens x [1 - s, 1 + s] (the same draw at every latency): with fixed turns the episodes started
+together call their tools together, a burst a real task's ragged turns do not make.
 """
 
 from __future__ import annotations
@@ -95,19 +99,21 @@ class IdTokenizer:
 
 def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int, prefix_cache: bool,
              prefill_overlap: bool = True) -> dict[str, Any]:
-    max_len = prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
+    longest = longest_turn(args.turn_tokens, args.turn_spread)
+    max_len = prompt_len + args.turns * (longest + args.obs_tokens)
     rows = max(1, int(args.episodes / args.oversubscribe))  # the engine's max_running; the rest wait their turn
     kv_sequences = args.kv_episodes or args.episodes  # room for every episode's KV while it waits on its tool
     engine = Metered(make_engine(hf, rows, max_len, kv_sequences=kv_sequences, prefix_cache=prefix_cache))
     engine.engine.overlap_prefill = engine.engine.overlap and prefill_overlap
     rng = np.random.default_rng(0)
-    sampling = R.SamplingParams(max_new_tokens=args.turn_tokens, ignore_eos=True, temperature=1.0)
     groups = args.episodes * args.waves // args.group
+    lengths = turn_lengths(args.turn_tokens, args.turn_spread, groups)
     prompts = [R.Prompt(prompt_id=f"p{i}", n=args.group, token_ids=rng.integers(0, VOCAB, prompt_len).astype(np.int32),
-                        sampling=sampling) for i in range(groups)]
+                        sampling=R.SamplingParams(max_new_tokens=int(lengths[i]), ignore_eos=True, temperature=1.0))
+               for i in range(groups)]
     hub = LocalHub(prompts)
     cfg = RolloutConfig(environment="bench:SlowTool", max_turns=args.turns, step_timeout_s=60.0,
-                        max_total_tokens=args.turns * (args.turn_tokens + args.obs_tokens))  # room for every turn
+                        max_total_tokens=args.turns * (longest + args.obs_tokens))  # room for every turn
     rollout = MultiTurn(cfg, lambda: SlowTool(tool_ms, args.obs_tokens, args.turns, seed=1), IdTokenizer(), VOCAB)
     worker = GeneratorWorker(name="bench", engine=engine, hub=hub, tokenizer=IdTokenizer(), max_running=args.episodes,
                              group_size=args.group, rollout=rollout)
@@ -125,6 +131,21 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int,
             "tokens_per_s": round(engine.tokens / wall, 1), "engine_idle_frac": round(1 - engine.busy_s / wall, 3),
             **prefill_figures(engine), "episodes_per_s": round(len(hub.samples) / wall, 2),
             "env_time_s": round(float(np.mean([s.rollout["env_time_s"] for s in hub.samples])), 3)}
+
+
+def longest_turn(turn_tokens: int, spread: float) -> int:
+    return round(turn_tokens * (1 + spread))
+
+
+def turn_lengths(turn_tokens: int, spread: float, groups: int) -> np.ndarray:
+    """Each group's turn length, uniform in turn_tokens x [1 - spread, 1 + spread] (the same draw for every tool
+    latency: seeded), so the mean stays turn_tokens. 0: every turn the same length, so episodes started together
+    end their turns together and call their tools in one burst; a real task's turns are ragged."""
+    if not spread:
+        return np.full(groups, turn_tokens)
+    rng = np.random.default_rng(12345)
+    low, high = round(turn_tokens * (1 - spread)), longest_turn(turn_tokens, spread)
+    return rng.integers(low, high + 1, groups)
 
 
 def prefill_figures(engine: Metered) -> dict[str, Any]:
@@ -151,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--turn-tokens", type=int, default=128)
+    p.add_argument("--turn-spread", type=float, default=0.0,
+                   help="ragged turns: each prompt's turn length uniform in --turn-tokens x [1 - s, 1 + s] (0: fixed)")
     p.add_argument("--obs-tokens", type=int, default=32)
     p.add_argument("--tool-ms", default="0,50,200")
     p.add_argument("--oversubscribe", type=float, default=2.0,
@@ -168,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.waves < 1:
         p.error(f"--waves {args.waves}: must be >= 1")
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    max_len = args.prompt_len + args.turns * (args.turn_tokens + args.obs_tokens)
+    if not 0 <= args.turn_spread < 1:
+        p.error(f"--turn-spread {args.turn_spread}: must be in [0, 1)")
+    max_len = args.prompt_len + args.turns * (longest_turn(args.turn_tokens, args.turn_spread) + args.obs_tokens)
     hf = build_hf(args.shape, max_len, dtype=dtype, device=args.device)
     commit = provenance.commit()
     latencies = [float(x) for x in args.tool_ms.split(",")]
@@ -184,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 no_tool = rows[latencies[0], cache, overlap]
                 row.update(vs_no_tool=round(row["tokens_per_s"] / no_tool["tokens_per_s"], 3),
                            shape=args.shape, device=args.device, prompt_len=args.prompt_len,
-                           turn_tokens=args.turn_tokens, obs_tokens=args.obs_tokens, commit=commit)
+                           turn_tokens=args.turn_tokens, turn_spread=args.turn_spread, obs_tokens=args.obs_tokens, commit=commit)
                 if cache and (ms, False, overlap) in rows:
                     off = rows[ms, False, overlap]
                     row["vs_no_cache"] = {k: round(row[k] / off[k], 3) for k in ("prefill_tokens", "tokens_per_s")}

@@ -21,3 +21,13 @@ def test_bench_agentic_runs_on_cpu():
     # with the cache: turn 1's KV (32 + 4 - 1 tokens) holds two full 16-token pages; the rest is prefilled
     assert on["prefill_tokens_per_turn"] == 32 + 4 + 2 - 32 and on["prefix_cache_hit_tokens"] == 8 * 32
     assert on["vs_no_cache"]["prefill_tokens"] == round(on["prefill_tokens"] / off["prefill_tokens"], 3)
+
+
+def test_ragged_turns_keep_the_mean_and_the_bounds():
+    from bench.agentic import longest_turn, turn_lengths
+
+    assert turn_lengths(128, 0.0, 5).tolist() == [128] * 5
+    ragged = turn_lengths(128, 0.5, 4000)
+    assert ragged.min() >= 64 and ragged.max() <= longest_turn(128, 0.5) == 192
+    assert len(set(ragged.tolist())) > 100 and abs(ragged.mean() - 128) < 2
+    assert (turn_lengths(128, 0.5, 4000) == ragged).all()  # the same draw at every tool latency

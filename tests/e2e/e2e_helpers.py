@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from asyncrl.config.run import RunConfig
 from launch.processes import Child, ProcessSpec, log_tail, spawn, stop
 from tests.doubles.run_dir import launched_run_dir
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = [
     "batch.prompts_per_step=2", "batch.samples_per_prompt=4", "generator.max_running=16",
@@ -42,3 +48,32 @@ def shutdown(children: list[Child]) -> str:
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def launch(run_dir: Path, *sets: str, resume: bool = False, wait: bool = True, **popen: Any) -> subprocess.Popen:
+    args = ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "launch", *args, "--set", "launch.progress=false",
+           "--set", "eval.every=0",  # the embedded default evaluates; a test that looks at it sets eval.every itself
+           *[x for s in sets for x in ("--set", s)]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    if wait:
+        out, _ = proc.communicate(timeout=400)
+        proc.output = out  # type: ignore[attr-defined]
+    return proc
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def wait_for_steps(run_dir: Path, steps: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= steps:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no step {steps} within 300 s (launcher exit code {proc.poll()})")
+
+
+def run_pid(run_dir: Path, name: str) -> int:
+    return json.loads((run_dir / "run.json").read_text())["pids"][name]

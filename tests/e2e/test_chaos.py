@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_helpers import metrics
-from test_learning_loop import launch, summary
+from e2e_helpers import launch, metrics, summary
 from test_supervision import _alive, _what_the_run_said, wait_for_step
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "learner"))

@@ -4,8 +4,7 @@ long tests rather than after them)."""
 from __future__ import annotations
 
 import pytest
-from e2e_helpers import metrics
-from test_learning_loop import launch, summary
+from e2e_helpers import launch, metrics, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_helpers import metrics
-from test_learning_loop import launch, summary
+from e2e_helpers import launch, metrics, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
