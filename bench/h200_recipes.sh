@@ -35,6 +35,11 @@
 # `part_b`, `model`, a pair, `collect --wait 440`; 3) the next pair; each sent as soon as the one before returned.
 # Two arithmetic runs at the recipe's sizes take ~50 GB. Never `pkill -f` a pattern that your own command line
 # contains (it ends the call's shell: one follow-up call died that way).
+# 2026-12-06: the tree is now ~12.5 MiB, so two parts no longer fit (64 MiB a call, tree included). Three parts:
+# A 42,700,000 bytes (with the 10.3 MiB of wheels), B 51,500,000, C the other 4,162,432 (`head -c 42700000 GGUF >
+# .part_a/ggpart_aa; tail -c +42700001 GGUF | head -c 51500000 > .part_b/ggpart_ab; tail -c +94200001 GGUF >
+# .part_c/ggpart_ac`). Carry each part alone in its call (call 1 .whl + .part_a, call 2 .part_b, call 3 .part_c,
+# then `model`): a carry of .whl beside part B is refused. The second and third calls can run work of their own.
 set -euo pipefail
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 M=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
