@@ -99,8 +99,7 @@ class IdTokenizer:
 
 def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int, prefix_cache: bool,
              prefill_overlap: bool = True) -> dict[str, Any]:
-    longest = longest_turn(args.turn_tokens, args.turn_spread)
-    max_len = prompt_len + args.turns * (longest + args.obs_tokens)
+    max_len = context_len(args, prompt_len)
     rows = max(1, int(args.episodes / args.oversubscribe))  # the engine's max_running; the rest wait their turn
     kv_sequences = args.kv_episodes or args.episodes  # room for every episode's KV while it waits on its tool
     engine = Metered(make_engine(hf, rows, max_len, kv_sequences=kv_sequences, prefix_cache=prefix_cache))
@@ -113,7 +112,7 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int,
                for i in range(groups)]
     hub = LocalHub(prompts)
     cfg = RolloutConfig(environment="bench:SlowTool", max_turns=args.turns, step_timeout_s=60.0,
-                        max_total_tokens=args.turns * (longest + args.obs_tokens))  # room for every turn
+                        max_total_tokens=context_len(args, 0))  # room for every turn
     rollout = MultiTurn(cfg, lambda: SlowTool(tool_ms, args.obs_tokens, args.turns, seed=1), IdTokenizer(), VOCAB)
     worker = GeneratorWorker(name="bench", engine=engine, hub=hub, tokenizer=IdTokenizer(), max_running=args.episodes,
                              group_size=args.group, rollout=rollout)
@@ -131,6 +130,11 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int,
             "tokens_per_s": round(engine.tokens / wall, 1), "engine_idle_frac": round(1 - engine.busy_s / wall, 3),
             **prefill_figures(engine), "episodes_per_s": round(len(hub.samples) / wall, 2),
             "env_time_s": round(float(np.mean([s.rollout["env_time_s"] for s in hub.samples])), 3)}
+
+
+def context_len(args: argparse.Namespace, prompt_len: int) -> int:
+    """An episode's longest context: the prompt, then every turn at its longest with the tool's answer."""
+    return prompt_len + args.turns * (longest_turn(args.turn_tokens, args.turn_spread) + args.obs_tokens)
 
 
 def longest_turn(turn_tokens: int, spread: float) -> int:
@@ -193,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     if not 0 <= args.turn_spread < 1:
         p.error(f"--turn-spread {args.turn_spread}: must be in [0, 1)")
-    max_len = args.prompt_len + args.turns * (longest_turn(args.turn_tokens, args.turn_spread) + args.obs_tokens)
-    hf = build_hf(args.shape, max_len, dtype=dtype, device=args.device)
+    hf = build_hf(args.shape, context_len(args, args.prompt_len), dtype=dtype, device=args.device)
     commit = provenance.commit()
     latencies = [float(x) for x in args.tool_ms.split(",")]
     caches = [bool(int(x)) for x in args.prefix_cache.split(",")]
@@ -209,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                 no_tool = rows[latencies[0], cache, overlap]
                 row.update(vs_no_tool=round(row["tokens_per_s"] / no_tool["tokens_per_s"], 3),
                            shape=args.shape, device=args.device, prompt_len=args.prompt_len,
-                           turn_tokens=args.turn_tokens, turn_spread=args.turn_spread, obs_tokens=args.obs_tokens, commit=commit)
+                           turn_tokens=args.turn_tokens, turn_spread=args.turn_spread, obs_tokens=args.obs_tokens,
+                           commit=commit)
                 if cache and (ms, False, overlap) in rows:
                     off = rows[ms, False, overlap]
                     row["vs_no_cache"] = {k: round(row[k] / off[k], 3) for k in ("prefill_tokens", "tokens_per_s")}

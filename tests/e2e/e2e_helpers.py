@@ -66,13 +66,29 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def wait_for_steps(run_dir: Path, steps: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= steps:
+def wait_for_step(run_dir: Path, step: int, timeout_s: float = 240, proc: subprocess.Popen | None = None) -> None:
+    """Wait until the run reported `step` steps; on a timeout (or the launcher exiting first) the error carries
+    the launcher's output and the tail of each service log, so a CI failure says what the run was doing."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= step:
             return
+        if proc is not None and proc.poll() is not None:
+            break
         time.sleep(0.2)
-    raise AssertionError(f"no step {steps} within 300 s (launcher exit code {proc.poll()})")
+    raise TimeoutError(f"step {step} not reached in {timeout_s} s\n{what_the_run_said(run_dir, proc)}")
+
+
+def what_the_run_said(run_dir: Path, proc: subprocess.Popen | None) -> str:
+    parts = []
+    if proc is not None:
+        if proc.poll() is None:
+            proc.kill()
+        out, _ = proc.communicate(timeout=30)
+        parts.append(f"--- launcher (rc {proc.returncode}) ---\n{(out or '')[-4000:]}")
+    for log in sorted((run_dir / "logs").glob("*.log")) if (run_dir / "logs").is_dir() else []:
+        parts.append(f"--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+    return "\n".join(parts)
 
 
 def run_pid(run_dir: Path, name: str) -> int:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_helpers import launch, metrics, summary
-from test_supervision import _alive, _what_the_run_said, wait_for_step
+from e2e_helpers import launch, metrics, summary, wait_for_step, what_the_run_said
+from test_supervision import _alive
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "learner"))
 from test_tcp_store import listening  # noqa: E402
@@ -41,7 +41,7 @@ def wait_new_pid(run_dir: Path, name: str, old: int, proc: subprocess.Popen, tim
     deadline = time.monotonic() + timeout_s
     while pids(run_dir)[name] == old:
         if time.monotonic() >= deadline or proc.poll() is not None:
-            raise AssertionError(f"{name} was not restarted\n{_what_the_run_said(run_dir, proc)}")
+            raise AssertionError(f"{name} was not restarted\n{what_the_run_said(run_dir, proc)}")
         time.sleep(0.1)
 
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from asyncrl.models.config import ModelConfig, resolve_model_path
-from e2e_helpers import launch, metrics, run_pid, summary, wait_for_steps
+from e2e_helpers import launch, metrics, run_pid, summary, wait_for_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -60,9 +60,9 @@ def test_killed_learner_resumes_without_dropping_or_repeating(tmp_path):
     run_dir = tmp_path / "run"
     sets = ("hub.shards=2", "learner.steps=8", "learner.checkpoint_every=3")
     proc = launch(run_dir, *sets, wait=False)
-    wait_for_steps(run_dir, 2, proc)
+    wait_for_step(run_dir, 2, timeout_s=300, proc=proc)
     os.killpg(run_pid(run_dir, "replay-1"), signal.SIGKILL)
-    wait_for_steps(run_dir, 4, proc)
+    wait_for_step(run_dir, 4, timeout_s=300, proc=proc)
     os.killpg(run_pid(run_dir, "learner-0"), signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "learner-0 exited" in out, out

@@ -6,40 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
-from e2e_helpers import launch, metrics, summary
+from e2e_helpers import launch, metrics, summary, wait_for_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def wait_for_step(run_dir: Path, step: int, timeout_s: float = 240, proc: subprocess.Popen | None = None) -> None:
-    """Wait until the run reported `step` steps; on a timeout (or the launcher exiting first) the error carries
-    the launcher's output and the tail of each service log, so a CI failure says what the run was doing."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= step:
-            return
-        if proc is not None and proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise TimeoutError(f"step {step} not reached in {timeout_s} s\n{_what_the_run_said(run_dir, proc)}")
-
-
-def _what_the_run_said(run_dir: Path, proc: subprocess.Popen | None) -> str:
-    parts = []
-    if proc is not None:
-        if proc.poll() is None:
-            proc.kill()
-        out, _ = proc.communicate(timeout=30)
-        parts.append(f"--- launcher (rc {proc.returncode}) ---\n{(out or '')[-4000:]}")
-    for log in sorted((run_dir / "logs").glob("*.log")) if (run_dir / "logs").is_dir() else []:
-        parts.append(f"--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
-    return "\n".join(parts)
 
 
 def test_crashed_generator_is_restarted_and_gets_weights(tmp_path):
