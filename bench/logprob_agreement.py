@@ -20,6 +20,14 @@ base model's ("lora_shift_mean_abs"). The tiny shape runs on CPU:
 
     python -m bench.logprob_agreement --shape tiny --prompts 8 --prompt-len 16 --output-len 48 --lora-rank 8
 
+With --weights-dtype fp8 the model-dtype engine runs first, then FP8 rollouts (generator.weights_dtype, model/fp8.py)
+once per --fp8-keep entry, each keeping that set of projections in the model dtype (to see which ones the FP8
+mismatch comes from). --cpu runs a --model on
+the CPU (slow; a 135 M model is fine), where the fp8 products are computed exactly and summed in fp32:
+
+    python -m bench.logprob_agreement --cpu --model models/SmolLM2-135M-Instruct.Q4_1.gguf --prompts 32 \
+        --output-len 48 --weights-dtype fp8 --fp8-keep none,qkv,o_proj,gate_up,down_proj
+
 Results: docs/engine-perf.md (without LoRA, GPU); docs/lora.md (with LoRA: CPU so far, 2026-12-05).
 """
 
@@ -130,14 +138,41 @@ def score(hf, batch_prompts, outs, ours, args: argparse.Namespace) -> tuple[dict
     return agreement(ours, ref, answered), ref
 
 
+FP8_PROJECTIONS = {"qkv": ("self_attn", "qkv_fp8"), "o_proj": ("self_attn", "o_fp8"),
+                   "gate_up": ("mlp", "gate_up_fp8"), "down_proj": ("mlp", "down_fp8")}
+
+
+def keep_model_dtype(eng, names: list[str]):
+    """The fp8 engine `eng` with the projections `names` (FP8_PROJECTIONS' keys) back in the model dtype in every
+    layer (their forwards read the model's own weight when the fp8 image is None)."""
+    for layer in eng.model.model.layers:
+        for name in names:
+            module, attr = FP8_PROJECTIONS[name]
+            setattr(getattr(layer, module), attr, None)
+    return eng
+
+
 def plain_case(hf, batch_prompts, engine, args: argparse.Namespace) -> dict:
-    """The engine around `hf`'s own weights against `hf`."""
+    """The engine around `hf`'s own weights against `hf` (with fp8 weights: once per --fp8-keep entry)."""
+    if args.weights_dtype == "fp8":
+        return fp8_case(hf, batch_prompts, engine, args)
     outs, ours = generate(engine(hf), batch_prompts, args)
     if args.residual_fp32:
         from asyncrl.learner import residual_stream
 
         residual_stream.install(hf)  # after the engine copied the weights: the scorer's stream is fp32 too
     return score(hf, batch_prompts, outs, ours, args)[0]
+
+
+def fp8_case(hf, batch_prompts, engine, args: argparse.Namespace) -> dict:
+    """The model-dtype engine, then the fp8 engine keeping each --fp8-keep set in the model dtype, from the same
+    prompts and seeds, each against `hf`."""
+    outs, ours = generate(engine(hf), batch_prompts, args)
+    rows = {"model_dtype": score(hf, batch_prompts, outs, ours, args)[0]}
+    for keep in args.fp8_keep:
+        outs, ours = generate(keep_model_dtype(engine(hf, weights_dtype="fp8"), keep), batch_prompts, args)
+        rows["fp8" + "".join(f"-keep-{k}" for k in keep)] = score(hf, batch_prompts, outs, ours, args)[0]
+    return {"weights_dtype": "fp8", "runs": rows}
 
 
 def lora_case(hf, batch_prompts, engine, args: argparse.Namespace) -> dict:
@@ -201,7 +236,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="> 0: LoRA's adapter push against its merged push (module docstring); 0: no LoRA")
     parser.add_argument("--lora-alpha", type=float, default=16.0, help="with --lora-rank: scale = alpha / rank")
+    parser.add_argument("--weights-dtype", default="model", choices=["model", "fp8"],
+                        help="fp8: the model-dtype engine, then FP8 rollouts (one run per --fp8-keep entry)")
+    parser.add_argument("--fp8-keep", default="none",
+                        help="comma list of runs, each a '+'-joined set of projections kept in the model dtype "
+                             f"({', '.join(FP8_PROJECTIONS)}) or 'none'; e.g. none,down_proj,o_proj+down_proj")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even for --model (slow)")
     args = parser.parse_args()
+    args.fp8_keep = [[] if run == "none" else run.split("+") for run in args.fp8_keep.split(",")]
+    unknown = sorted({k for run in args.fp8_keep for k in run} - set(FP8_PROJECTIONS))
+    if unknown:
+        parser.error(f"--fp8-keep {','.join(unknown)}: allowed: {', '.join(FP8_PROJECTIONS)} or none")
+    if args.weights_dtype == "fp8" and args.lora_rank:
+        parser.error("--weights-dtype fp8 with --lora-rank: not compared by this bench (the engine refuses both)")
     if args.lora_rank < 0 or args.lora_alpha <= 0:
         parser.error(f"--lora-rank {args.lora_rank} --lora-alpha {args.lora_alpha}: give a rank >= 0 and alpha > 0")
     return args
@@ -209,9 +256,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.model or args.shape != "tiny":
-        require_cuda("bench.logprob_agreement (shapes other than tiny)")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if (args.model or args.shape != "tiny") and not args.cpu:
+        require_cuda("bench.logprob_agreement (shapes other than tiny; --cpu runs a --model on the CPU)")
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     hf, batch_prompts, max_len = trained_case(args, device) if args.model else random_case(args, device)
 
     def engine(model, **options):
