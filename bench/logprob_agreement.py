@@ -22,8 +22,8 @@ base model's ("lora_shift_mean_abs"). The tiny shape runs on CPU:
 
 With --weights-dtype fp8 the model-dtype engine runs first, then FP8 rollouts (generator.weights_dtype, model/fp8.py)
 once per --fp8-keep entry, each keeping that set of projections in the model dtype (to see which ones the FP8
-mismatch comes from). --cpu runs a --model on
-the CPU (slow; a 135 M model is fine), where the fp8 products are computed exactly and summed in fp32:
+mismatch comes from). --cpu runs a --model on the CPU (slow; a 135 M model is fine), where the fp8 products are
+computed exactly and summed in fp32:
 
     python -m bench.logprob_agreement --cpu --model models/SmolLM2-135M-Instruct.Q4_1.gguf --prompts 32 \
         --output-len 48 --weights-dtype fp8 --fp8-keep none,qkv,o_proj,gate_up,down_proj
@@ -148,7 +148,10 @@ def keep_model_dtype(eng, names: list[str]):
     for layer in eng.model.model.layers:
         for name in names:
             module, attr = FP8_PROJECTIONS[name]
-            setattr(getattr(layer, module), attr, None)
+            owner = getattr(layer, module)
+            if not hasattr(owner, attr):  # renamed in model/fp8.py: fail here, not keep nothing silently
+                raise AttributeError(f"{module}.{attr}: the engine's layers have no such fp8 image")
+            setattr(owner, attr, None)
     return eng
 
 
