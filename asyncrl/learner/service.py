@@ -83,6 +83,19 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> None:
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
 
 
+def push_dtype(push_mode: str, lora_apply: str, compute: torch.dtype) -> torch.dtype | None:
+    """What floating-point tensors travel as in each weight push (None: as the learner holds them).
+
+    Full and merged pushes: the compute dtype the generators use them in (fp32 masters would double the bytes).
+    Adapter pushes merged by the engine (generator.lora_apply = "merge"): as held, the base already in the compute
+    dtype and A / B in fp32, so that the engine's merge equals the learner's bit for bit. Kept unmerged
+    ("unmerged"): the compute dtype, since the engine casts A / B to it before use as the learner's forward does
+    (adapter_slots.py): the same numbers, half the bytes, and a shorter pause for every push."""
+    if push_mode == "adapter" and lora_apply != "unmerged":
+        return None
+    return compute
+
+
 def build_rescorer(cfg: LearnerConfig, model: ModelConfig, generator: GeneratorConfig, model_path: str,
                    device: str) -> Rescorer | None:
     """Deterministic mode (generator.deterministic): an engine like the generators' for the proximal logprobs."""
@@ -123,10 +136,7 @@ class LearnerService:
                                    pause_mode=generator.inflight_update,
                                    master_address=host,
                                    secret=RunSecret.load(self.run_dir),
-                                   # the compute dtype the weights are used in (fp32 masters would double the bytes);
-                                   # adapter pushes send what the learner holds: the base already is in it, and
-                                   # A / B travel fp32 so that the engine's merge equals the learner's bitwise
-                                   dtype=None if self.push_mode == "adapter" else self.trainer.dtype,
+                                   dtype=push_dtype(push_mode, generator.lora_apply, self.trainer.dtype),
                                    ) if self.rank == 0 else None
         if self.sender is not None:
             self.sender.give_up = stopping  # nor for generators that died with the launcher

@@ -16,6 +16,7 @@ from asyncrl.engine.torch.engine import TorchEngine
 from asyncrl.generator.config import GeneratorConfig
 from asyncrl.learner import lora
 from asyncrl.learner.config import DEFAULT_LORA_TARGETS, LearnerConfig
+from asyncrl.learner.service import push_dtype
 from asyncrl.learner.trainer import Trainer
 
 UNMERGED = LoraSpec(SPEC.targets, SPEC.scale, LORA["lora_rank"], "unmerged")
@@ -64,6 +65,32 @@ def test_a_joiners_base_lands_in_the_weights_and_the_adapters_add_to_it(tiny_mod
     assert low.b.count_nonzero() == b.count_nonzero()  # the q and v blocks and the off-diagonal stay zero
     for x, y in zip(scores(engine), scores(reference), strict=True):
         np.testing.assert_allclose(x, y, rtol=0, atol=2e-5)
+
+
+def test_a_push_cast_to_the_engines_dtype_is_kept_bit_for_bit_as_the_fp32_push(tiny_model):
+    """learner.service.push_dtype: an unmerged engine gets its adapters (and the trained norms) in its own dtype,
+    half the bytes of fp32; it keeps exactly what it kept from the fp32 push and scores the same, bit for bit.
+    A merging engine still gets fp32 (its merge must equal the learner's), full pushes the compute dtype."""
+    trainer = Trainer(LearnerConfig(**LORA), str(tiny_model), device="cpu", dtype="float32")
+    trainer.train_step(make_batch(seed=1, step=1))
+    pushed = list(lora.adapter_push(trainer.masters))
+    assert {t.dtype for _, t in pushed} == {torch.float32}
+    dtype = push_dtype("adapter", "unmerged", torch.bfloat16)
+    assert dtype == torch.bfloat16
+    cast = [(name, t.to(dtype)) for name, t in pushed]
+    engines = [TorchEngine(tiny_model, max_running=4, dtype="bfloat16", lora=UNMERGED, deterministic=True)
+               for _ in range(2)]
+    for engine, push in zip(engines, (pushed, cast), strict=True):
+        update(engine, push, 1)
+    got, want = params(engines[1]), params(engines[0])
+    assert got.keys() == want.keys() and all(same_bits(got[k], want[k]) for k in want)
+    for path, slot in engines[0].adapters.slots.items():
+        other = engines[1].adapters.slots[path]
+        assert same_bits(other.lora_A, slot.lora_A) and same_bits(other.lora_B, slot.lora_B)
+    for x, y in zip(scores(engines[1]), scores(engines[0]), strict=True):
+        assert np.array_equal(x, y)
+    assert push_dtype("adapter", "merge", torch.bfloat16) is None
+    assert push_dtype("full", "merge", torch.bfloat16) == push_dtype("merged", "merge", torch.bfloat16) == torch.bfloat16
 
 
 def test_bad_unmerged_pushes_are_one_line_errors(tiny_model):
