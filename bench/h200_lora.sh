@@ -62,7 +62,8 @@ def last(name, bench=None):
     lines = [x for x in lines if bench is None or x.get("bench") == bench]
     return lines[-1] if lines else {}
 
-out = {"commit": last("pipeline_7b").get("commit") or last("learner_1.5b").get("commit")}
+out = {"commit": next((c for n in ("pipeline_7b", "pipeline_7b_shared", "learner_1.5b", "engine_7b", "learner_7b")
+                       if (c := last(n).get("commit"))), None)}
 eng = last("engine_7b", "lora_engine")
 if eng:
     out["7b_engine"] = {k: eng.get(k) for k in ("push_ms", "decode", "pristine_bytes", "unmerged_over_merge",
@@ -99,7 +100,10 @@ try:
     out["nvidia_smi_min_free_mib"] = min(int(r[2]) for r in rows if len(r) > 2)
 except (OSError, ValueError):
     pass
-pipe, lrn = out.get("7b_pipeline", {}), out.get("7b_learner", {})
+# the targets read the shared-base run when it ran (the configuration issue 30 is measured in), else the own-base one
+judged = "7b_pipeline_shared" if "7b_pipeline_shared" in out else "7b_pipeline"
+out["targets_from"] = judged
+pipe, lrn = out.get(judged, {}), out.get("7b_learner", {})
 spare, step = pipe.get("min_free_gib"), pipe.get("steady_step_s")
 paused = pipe.get("push", {}).get("paused_s")
 push_ms = 1e3 * paused if paused is not None else None
