@@ -123,6 +123,7 @@ def run_case(args: argparse.Namespace, hf: Any, tool_ms: float, prompt_len: int,
     rollout.close()
     return {"tool_ms": tool_ms, "prefix_cache": prefix_cache, "prefill_overlap": engine.engine.overlap_prefill,
             "prefills_overlapped": engine.engine.counters["prefills_overlapped"],
+            **decode_figures(engine.engine.counters),
             "episodes": len(hub.samples), "waves": args.waves,
             "engine_rows": rows,
             "kv_tokens": kv_sequences * max_len,
@@ -150,6 +151,14 @@ def turn_lengths(turn_tokens: int, spread: float, groups: int) -> np.ndarray:
     rng = np.random.default_rng(12345)
     low, high = round(turn_tokens * (1 - spread)), longest_turn(turn_tokens, spread)
     return rng.integers(low, high + 1, groups)
+
+
+def decode_figures(counters: dict[str, int]) -> dict[str, Any]:
+    """How full the engine's decode steps ran: prefill batches (admissions), decode steps (synchronous and run
+    ahead) and the sampled tokens a step, against the engine's rows."""
+    steps = counters["decode_steps"]  # every launch or synchronous step (decode_ahead counts a subset)
+    return {"prefill_batches": counters["prefill_batches"], "decode_steps": steps,
+            "rows_per_decode": round(counters["tokens_generated"] / steps, 1) if steps else None}
 
 
 def prefill_figures(engine: Metered) -> dict[str, Any]:

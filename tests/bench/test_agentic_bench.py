@@ -21,6 +21,8 @@ def test_bench_agentic_runs_on_cpu():
     # with the cache: turn 1's KV (32 + 4 - 1 tokens) holds two full 16-token pages; the rest is prefilled
     assert on["prefill_tokens_per_turn"] == 32 + 4 + 2 - 32 and on["prefix_cache_hit_tokens"] == 8 * 32
     assert on["vs_no_cache"]["prefill_tokens"] == round(on["prefill_tokens"] / off["prefill_tokens"], 3)
+    for r in rows:  # 8 episodes x 2 turns, admitted in at least one batch a turn; every step at most 4 rows + prefills
+        assert 2 <= r["prefill_batches"] <= 16 and r["decode_steps"] > 0 and 0 < r["rows_per_decode"] <= 8
 
 
 def test_ragged_turns_keep_the_mean_and_the_bounds():

@@ -181,8 +181,8 @@ class TorchEngine:
         # decode_ahead: decode steps launched from the previous step's samples on the device (overlap);
         # discarded_rows: rows computed for a sequence that had stopped in the step before
         # prefills_overlapped: prefills whose samples were read after the next decode step was launched
-        self.counters = {"prefills": 0, "prefill_tokens": 0, "decode_steps": 0, "tokens_generated": 0,
-                         "decode_ahead": 0, "discarded_rows": 0, "prefills_overlapped": 0}
+        self.counters = {"prefills": 0, "prefill_batches": 0, "prefill_tokens": 0, "decode_steps": 0,
+                         "tokens_generated": 0, "decode_ahead": 0, "discarded_rows": 0, "prefills_overlapped": 0}
 
     @property
     def weight_version(self) -> int:
@@ -376,6 +376,7 @@ class TorchEngine:
         for seq in (s for g in groups for s in g.seqs if s.prefill_start is None):
             seq.prefill_start = start
         self.counters["prefills"] += len(groups)
+        self.counters["prefill_batches"] += 1  # admissions: each a prefill step of its own
         self.counters["prefill_tokens"] += sum(len(g.prefill_token_ids()) - g.num_cached for g in groups)
         return start
 
