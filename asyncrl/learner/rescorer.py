@@ -19,7 +19,9 @@ longest sample, not the engine's default of most of the free memory).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,7 +31,10 @@ from asyncrl import records
 from asyncrl.engine.torch.block_manager import blocks_for
 from asyncrl.engine.torch.forced_group import ForcedGroup
 from asyncrl.generator.build import CPU_THREADS
+from asyncrl.generator.config import GeneratorConfig
 from asyncrl.learner.batch_tensors import SeqRecord
+from asyncrl.learner.config import LearnerConfig
+from asyncrl.models.config import ModelConfig
 
 KV_BLOCK = 16  # the engine's default block size (what the generator's engine runs with)
 
@@ -91,3 +96,14 @@ def _threads(count: int | None) -> Iterator[None]:
 
 def _chunks(seqs: list[SeqRecord], size: int) -> list[list[SeqRecord]]:
     return [seqs[i:i + size] for i in range(0, len(seqs), size)]
+
+
+def build_rescorer(cfg: LearnerConfig, model: ModelConfig, generator: GeneratorConfig, model_path: str,
+                   device: str) -> Rescorer | None:
+    """Deterministic mode (generator.deterministic): an engine like the generators' for the proximal logprobs."""
+    if not generator.deterministic or cfg.off_policy == "none":
+        return None
+    positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096)
+    return Rescorer(model_path, device=torch.device(device), dtype=model.dtype,
+                    max_running=generator.max_running, max_tokens=min(int(positions), 4096),
+                    residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32)

@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -48,7 +47,7 @@ from asyncrl.net.heartbeat import Heartbeats
 from asyncrl.learner import fsdp, lora
 from asyncrl.learner.checkpoint import latest_checkpoint
 from asyncrl.learner.config import LearnerConfig
-from asyncrl.learner.rescorer import Rescorer
+from asyncrl.learner.rescorer import build_rescorer
 from asyncrl.learner.trainer import Trainer
 from asyncrl.observe.metrics import MetricsWriter
 from asyncrl.net.nccl_env import set_nccl_defaults
@@ -95,16 +94,6 @@ def push_dtype(push_mode: str, lora_apply: str, compute: torch.dtype) -> torch.d
         return None
     return compute
 
-
-def build_rescorer(cfg: LearnerConfig, model: ModelConfig, generator: GeneratorConfig, model_path: str,
-                   device: str) -> Rescorer | None:
-    """Deterministic mode (generator.deterministic): an engine like the generators' for the proximal logprobs."""
-    if not generator.deterministic or cfg.off_policy == "none":
-        return None
-    positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings", 4096)
-    return Rescorer(model_path, device=torch.device(device), dtype=model.dtype,
-                    max_running=generator.max_running, max_tokens=min(int(positions), 4096),
-                    residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32)
 
 
 class LearnerService:
