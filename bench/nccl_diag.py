@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=170.0)
     args = p.parse_args(argv)
     faulthandler.dump_traceback_later(args.deadline_s, exit=True)
-    from asyncrl.weights.group import WeightGroup, host_store
+    from asyncrl.weights.group import host_store
     from asyncrl.weights.sender import WeightSender
 
     dev = args.learner_device

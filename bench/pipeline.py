@@ -36,7 +36,6 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 

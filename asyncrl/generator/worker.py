@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from asyncrl import records as R
-from asyncrl.engine.protocol import Engine, GenerationOutput, GenerationRequest
+from asyncrl.engine.protocol import Engine, GenerationOutput
 from asyncrl.generator.admission import why_not
 from asyncrl.net.heartbeat import Hub  # timeout_s is shortened at shutdown: an exit never hangs on a dead hub
 from asyncrl.net.heartbeat import Heartbeats

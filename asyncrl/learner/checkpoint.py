@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 import shutil

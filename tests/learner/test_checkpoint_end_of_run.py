@@ -4,7 +4,6 @@ step is committed once it is on disk; stopped early, the checkpoint alone is wri
 import logging
 import threading
 import time
-from types import SimpleNamespace
 
 from learner_helpers import make_batch
 

@@ -188,7 +188,7 @@ def test_compiled_layers_keep_the_reference_and_the_policy_apart(tiny_model, mon
     cfg = {**KL, "attn_implementation": "sdpa", "mini_batches": 2, "off_policy": "decoupled"}
     runs = {}
     for compiled in (False, True):
-        seen = runs[compiled] = record_old_passes(monkeypatch)
+        runs[compiled] = record_old_passes(monkeypatch)
         train(trainer(tiny_model, **cfg, compile=compiled), range(1, 3))
         monkeypatch.undo()
     for (_, refs, proxes), (_, eager_refs, eager_proxes) in zip(runs[True], runs[False], strict=True):
