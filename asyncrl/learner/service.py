@@ -89,11 +89,10 @@ def push_dtype(push_mode: str, lora_apply: str, compute: torch.dtype) -> torch.d
     Adapter pushes merged by the engine (generator.lora_apply = "merge"): as held, the base already in the compute
     dtype and A / B in fp32, so that the engine's merge equals the learner's bit for bit. Kept unmerged
     ("unmerged"): the compute dtype, since the engine casts A / B to it before use as the learner's forward does
-    (adapter_slots.py): the same numbers, half the bytes, and a shorter pause for every push."""
+    (adapter_slots.py): the same numbers in half the bytes."""
     if push_mode == "adapter" and lora_apply != "unmerged":
         return None
     return compute
-
 
 
 class LearnerService:

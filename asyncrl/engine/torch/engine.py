@@ -181,6 +181,7 @@ class TorchEngine:
         # decode_ahead: decode steps launched from the previous step's samples on the device (overlap);
         # discarded_rows: rows computed for a sequence that had stopped in the step before
         # prefills_overlapped: prefills whose samples were read after the next decode step was launched
+        # prefills: groups admitted; prefill_batches: admissions (each its own prefill step, the groups of one together)
         self.counters = {"prefills": 0, "prefill_batches": 0, "prefill_tokens": 0, "decode_steps": 0,
                          "tokens_generated": 0, "decode_ahead": 0, "discarded_rows": 0, "prefills_overlapped": 0}
 
