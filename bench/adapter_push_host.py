@@ -1,16 +1,18 @@
 """Host time of an unmerged engine's receiving side of one adapter push, with the 7B push's tensor count.
 
-On a GPU the staged CUDA IPC push (generator.ipc_staging) waits for no decode step, so the generator's pause is
-the host's work: for each bucket, `unflatten` (views of the flat buffer) and `engine.load_weights` (find each
-adapter's slot, check it, group the copies), then `end_weight_update`. That work grows with the number of tensors,
-not their bytes, so a narrow model with Qwen2.5-7B's 28 layers and seven targets a layer (392 adapters at r 64,
-57 trained norms, 449 tensors) shows it on a CPU (where the copies, 15 MB in fp32, are still a share of the figure). Pushes in fp32 (as the
-learner held them) and in bf16 (what an unmerged engine gets since `learner.service.push_dtype`) alternate.
+On a GPU the staged CUDA IPC push (generator.ipc_staging) waits for no decode step, so the generator's pause is the
+host's work: for each bucket, `unflatten` (views of the flat buffer) and `engine.load_weights` (find each adapter's
+slot, check it, group the copies), then `end_weight_update`. That work grows with the number of tensors, not their
+bytes, so a narrow model with Qwen2.5-7B's 28 layers and seven targets a layer (392 adapters at r 64, 57 trained
+norms, 449 tensors) shows it on a CPU (where the copies, 15 MB in fp32, are still a share of the figure). Pushes in
+fp32 (as the learner held them) and in bf16 (what an unmerged engine gets since `learner.service.push_dtype`)
+alternate.
 
     python -m bench.adapter_push_host [--pushes 50] [--repeat 5] [--profile PATH]
 
 One JSON line: ms a push for each dtype, the median and the lowest of `--repeat` rounds (each round the median of
-`--pushes`; on a shared VM the lowest is the steadier figure), every round, the tensor count, the buckets and bytes. `--profile` writes cProfile stats of the bf16 pushes (python -m pstats).
+`--pushes`; on a shared VM the lowest is the steadier figure), every round, the tensor count, the buckets and bytes.
+`--profile` writes cProfile stats of the bf16 pushes (python -m pstats).
 """
 
 from __future__ import annotations
