@@ -57,12 +57,17 @@ def build_engine(gen: GeneratorConfig, model: ModelConfig, device: str, model_pa
         image = open_image(run_dir, device)  # waits for the holder
         log.info("computing with the shared base image: %d matrices, %.1f MB not held by this process", len(image),
                  sum(t.numel() * t.element_size() for t in image.values()) / 1e6)
-    return TorchEngine(model_path, device=device, dtype=model.dtype, max_running=gen.max_running,
-                       num_kv_blocks=-(-kv // KV_BLOCK_SIZE) if kv else None, kv_block_size=KV_BLOCK_SIZE,
-                       seed=gen.seed, deterministic=gen.deterministic,
-                       prefix_cache=gen.prefix_cache and not gen.deterministic,
-                       residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32, lora=lora,
-                       weights_dtype=gen.weights_dtype, base_image=image)
+    engine = TorchEngine(model_path, device=device, dtype=model.dtype, max_running=gen.max_running,
+                         num_kv_blocks=-(-kv // KV_BLOCK_SIZE) if kv else None, kv_block_size=KV_BLOCK_SIZE,
+                         seed=gen.seed, deterministic=gen.deterministic,
+                         prefix_cache=gen.prefix_cache and not gen.deterministic,
+                         residual_fp32=model.residual_fp32, logits_fp32=model.logits_fp32, lora=lora,
+                         weights_dtype=gen.weights_dtype, base_image=image)
+    if engine.fp8 is not None:
+        log.info("fp8 weights: %d projections (%.1f MB of e4m3 images), %d kept in %s%s", len(engine.fp8.linears),
+                 engine.fp8.nbytes / 1e6, len(engine.fp8.skipped), model.dtype,
+                 f" ({', '.join(engine.fp8.skipped)})" if engine.fp8.skipped else "")
+    return engine
 
 
 KV_BLOCK_SIZE = 16  # tokens per KV block of the torch engine
