@@ -50,8 +50,10 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def launch(run_dir: Path, *sets: str, resume: bool = False, wait: bool = True, **popen: Any) -> subprocess.Popen:
-    args = ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
+def launch(run_dir: Path, *sets: str, resume: bool = False, wait: bool = True, config: Path | None = None,
+           **popen: Any) -> subprocess.Popen:
+    """`python -m launch` on `config` (None: the embedded default) with `sets`; waited for unless wait=False."""
+    args = ["--resume", str(run_dir)] if resume else [*([str(config)] if config else []), "--run-dir", str(run_dir)]
     cmd = [sys.executable, "-m", "launch", *args, "--set", "launch.progress=false",
            "--set", "eval.every=0",  # the embedded default evaluates; a test that looks at it sets eval.every itself
            *[x for s in sets for x in ("--set", s)]]

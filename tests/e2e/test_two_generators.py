@@ -4,25 +4,19 @@ same e4m3 products in fp32) and play multi-turn episodes (configs/multiturn-cpu.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from e2e_helpers import ROOT, metrics, summary
+from e2e_helpers import ROOT, launch, metrics, summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SETS = ["learner.steps=4", "learner.lora_rank=8", "generator.count=2", "generator.max_running=16",
-        "generator.heartbeat_s=0.2", "launch.progress=false", "eval.every=0", "model.dtype=bfloat16",
-        "generator.weights_dtype=fp8"]
+        "generator.heartbeat_s=0.2", "model.dtype=bfloat16", "generator.weights_dtype=fp8"]
 
 
 def test_lora_adapter_pushes_reach_two_fp8_generators_playing_multi_turn_episodes(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "launch", str(ROOT / "configs" / "multiturn-cpu.toml"), "--run-dir", str(run_dir),
-           *[x for s in SETS for x in ("--set", s)]]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = launch(run_dir, *SETS, config=ROOT / "configs" / "multiturn-cpu.toml")
+    assert proc.returncode == 0, proc.output
     s = summary(run_dir)
     ms = metrics(run_dir)
     assert [m["step"] for m in ms] == [1, 2, 3, 4]
