@@ -24,6 +24,7 @@
 #                     (only if >= 80 s are left)
 # LORA_COMPILE=true runs both pipelines with learner.compile (the config's own setting; ~1 min first step, so
 # give it LORA_STOP_AFTER=8 and ~150 s a pipeline: the steady step is the median over the run's second half).
+# LORA_PIPE_CAP (default 220) is each pipeline step's timeout in seconds: the compiled 7B run wants ~280.
 # LORA_PIPELINE_SETS="--set K=V ..." adds to the 7B pipeline's settings (an 80 GB H100 needs
 # "--set learner.micro_batch_tokens=2048 --set generator.kv_cache_tokens=65536" for both processes to fit).
 # LORA_SKIP="make_1.5b learner_1.5b ..." leaves those steps out (1.5B and the 7B learner were measured twice by
@@ -152,11 +153,11 @@ step make_1.5b 60 20 python -m bench.make_model --shape 1.5b --out "$MODELS/1.5b
 step learner_1.5b 120 60 python -m bench.learner --model "$MODELS/1.5b" --shape 1.5b --lora-rank 64 0 \
   --skip-hf --steps 3 --warmup 1
 step make_7b 120 40 python -m bench.make_model --shape 7b --out "$MODELS/7b"
-step pipeline_7b 220 100 python -m bench.pipeline configs/gpu-1-lora.toml --set "model.path=$MODELS/7b" \
+step pipeline_7b "${LORA_PIPE_CAP:-220}" 100 python -m bench.pipeline configs/gpu-1-lora.toml --set "model.path=$MODELS/7b" \
   --set "generator.lora_apply=${LORA_APPLY:-merge}" --set "generator.ipc_staging=${LORA_STAGING:-false}" --set "learner.compile=${LORA_COMPILE:-false}" --set learner.checkpoint_every=2 --set learner.steps=40 \
   --modes async --repeats 1 --stop-after "${LORA_STOP_AFTER:-6}" --keep "$RUNS" --timeline "$RES/pipeline_7b_timeline.json" \
   ${LORA_PIPELINE_SETS:-}
-step pipeline_7b_shared 220 100 python -m bench.pipeline configs/gpu-1-lora.toml --set "model.path=$MODELS/7b" \
+step pipeline_7b_shared "${LORA_PIPE_CAP:-220}" 100 python -m bench.pipeline configs/gpu-1-lora.toml --set "model.path=$MODELS/7b" \
   --set generator.lora_apply=unmerged --set "generator.ipc_staging=${LORA_STAGING:-false}" \
   --set generator.share_base=true --set "learner.compile=${LORA_COMPILE:-false}" --set learner.checkpoint_every=2 --set learner.steps=40 \
   --modes async --repeats 1 --stop-after "${LORA_STOP_AFTER:-6}" --keep "$RUNS/shared" --timeline "$RES/pipeline_7b_shared_timeline.json" \
