@@ -116,10 +116,13 @@ class Fp8Linear:
         x8, x_scale = x if isinstance(x, Fp8Input) else quantize_rows(x.reshape(-1, x.shape[-1]))  # [n, in], [n, 1]
         dtype = self.source.dtype
         if x8.is_cuda:  # w8.t() is [in, out] column-major, the layout _scaled_mm's second operand needs
-            y = torch._scaled_mm(x8, self.w8.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=dtype)
-        else:  # torch's CPU _scaled_mm takes one scale per tensor only (2.11): the same products, in fp32
-            y = ((x8.float() @ self.w8.float().t()) * x_scale * self.w_scale).to(dtype)
-        return y if self.bias is None else y + self.bias
+            # the bias (qkv's) is added in the matmul's epilogue, in fp32 before the one rounding to bf16: a
+            # separate add cost a kernel, 8.2 against 5.8 us for 0.5B's qkv at 256 rows in a graph (H100, 2.11)
+            return torch._scaled_mm(x8, self.w8.t(), scale_a=x_scale, scale_b=self.w_scale, bias=self.bias,
+                                    out_dtype=dtype)
+        # torch's CPU _scaled_mm takes one scale per tensor only (2.11): the same products, in fp32
+        y = (x8.float() @ self.w8.float().t()) * x_scale * self.w_scale
+        return (y if self.bias is None else y + self.bias.float()).to(dtype)
 
 
 def fits(weight: torch.Tensor) -> bool:
