@@ -6,13 +6,15 @@ slot, check it, group the copies), then `end_weight_update`. That work grows wit
 bytes, so a narrow model with Qwen2.5-7B's 28 layers and seven targets a layer (392 adapters at r 64, 57 trained
 norms, 449 tensors) shows it on a CPU (where the copies, 15 MB in fp32, are still a share of the figure). Pushes in
 fp32 (as the learner held them) and in bf16 (what an unmerged engine gets since `learner.service.push_dtype`)
-alternate.
+alternate, each loaded two ways: `named` (`load_weights` of `unflatten`'s views, the general path) and `bucket`
+(`load_bucket`, what WeightReceiver calls on the torch engine: the layout's plan replayed, load_plan.py).
 
     python -m bench.adapter_push_host [--pushes 50] [--repeat 5] [--profile PATH]
 
-One JSON line: ms a push for each dtype, the median and the lowest of `--repeat` rounds (each round the median of
-`--pushes`; on a shared VM the lowest is the steadier figure), every round, the tensor count, the buckets and bytes.
-`--profile` writes cProfile stats of the bf16 pushes (python -m pstats).
+One JSON line: ms a push for each dtype and path (`bf16_ms` is bf16 by the named path, `bf16_bucket_ms` by the
+bucket path), the median and the lowest of `--repeat` rounds (each round the median of `--pushes`; on a shared VM
+the lowest is the steadier figure), every round, the tensor count, the buckets and bytes, and `bucket_over_named`
+(bf16, lowest against lowest). `--profile` writes cProfile stats of the bf16 pushes by the bucket path.
 """
 
 from __future__ import annotations
@@ -55,13 +57,16 @@ def adapter_stream(engine: TorchEngine) -> list[tuple[str, torch.Tensor]]:
     return named
 
 
-def push(engine: TorchEngine, buckets: list, version: int) -> float:
+def push(engine: TorchEngine, buckets: list, version: int, by_bucket: bool) -> float:
     """One update as WeightReceiver runs it, minus the transfer: -> host seconds."""
     t = time.perf_counter()
     engine.pause("continue")
     engine.begin_weight_update()
     for flat, layout in buckets:
-        engine.load_weights(unflatten(flat, layout, validated=True))
+        if by_bucket:
+            engine.load_bucket(flat, layout)
+        else:
+            engine.load_weights(unflatten(flat, layout, validated=True))
     engine.end_weight_update(version)
     engine.resume()
     return time.perf_counter() - t
@@ -81,21 +86,23 @@ def main() -> None:
         named = adapter_stream(engine)
         pushes = {name: list(iter_buckets(named, BUCKET_BYTES, "cpu", dtype))
                   for name, dtype in (("fp32", None), ("bf16", torch.bfloat16))}
-        rounds: dict[str, list[float]] = {name: [] for name in pushes}
+        ways = {"": False, "_bucket": True}  # the named path (the keys of earlier records), the bucket path
+        rounds: dict[str, list[float]] = {name + way: [] for name in pushes for way in ways}
         version = 0
         for _ in range(args.repeat):
-            for name, buckets in pushes.items():  # alternating, so drift hits both
-                times = []
-                for _ in range(args.pushes):
-                    version += 1
-                    times.append(push(engine, buckets, version))
-                rounds[name].append(statistics.median(times))
+            for name, buckets in pushes.items():  # alternating, so drift hits all four
+                for way, by_bucket in ways.items():
+                    times = []
+                    for _ in range(args.pushes):
+                        version += 1
+                        times.append(push(engine, buckets, version, by_bucket))
+                    rounds[name + way].append(statistics.median(times))
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(args.pushes):
                 version += 1
-                push(engine, pushes["bf16"], version)
+                push(engine, pushes["bf16"], version, True)
             prof.disable()
             prof.dump_stats(args.profile)
     print(json.dumps({
@@ -106,6 +113,8 @@ def main() -> None:
         **{f"{name}_rounds_ms": [round(1e3 * x, 3) for x in r] for name, r in rounds.items()},
         **{f"{name}_buckets": len(b) for name, b in pushes.items()},
         **{f"{name}_bytes": sum(f.numel() for f, _ in b) for name, b in pushes.items()},
+        "bucket_over_named": round(min(rounds["bf16_bucket"]) / min(rounds["bf16"]), 3),
+        "plan_hits": engine._plans.hits,
     }))
 
 

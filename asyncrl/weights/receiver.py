@@ -53,7 +53,7 @@ from asyncrl.records import Ack, WeightBegin, WeightBucket, WeightEnd, WeightGro
 from asyncrl.weights.cuda_ipc import IpcTransport, gpu_uuid
 from asyncrl.weights.group import WeightGroup, connect_store
 from asyncrl.weights.inbox import Rejections, bound_socket, read_message
-from asyncrl.weights.transport import BroadcastTransport, DirectReceiver, Receiving, WeightTransport
+from asyncrl.weights.transport import BroadcastTransport, BucketLoader, DirectReceiver, Receiving, WeightTransport
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class WeightReceiver:
         ipc_staging: on a CUDA IPC link, copy each bucket out on a side stream and never wait for the engine's
         stream (generator.ipc_staging; `_end_update`)."""
         self.name, self.device, self.engine = generator_name, torch.device(device), engine
+        self._loads_buckets = isinstance(engine, BucketLoader)  # hand it the flat buffer and its layout
         self.host, self.timeout_s, self.max_bucket_bytes = host, timeout_s, max_bucket_bytes
         self.ipc_staging = ipc_staging
         self._transport: WeightTransport | None = None
@@ -269,7 +270,10 @@ class WeightReceiver:
         flat = posted.receiving.result(self.timeout_s)
         t1 = time.perf_counter()
         timings["recv_s"] += t1 - t
-        self.engine.load_weights(unflatten(flat, posted.layout, validated=True))  # _post validated it
+        if self._loads_buckets:  # _post validated the layout
+            self.engine.load_bucket(flat, posted.layout)
+        else:
+            self.engine.load_weights(unflatten(flat, posted.layout, validated=True))
         if flat.is_cuda and self._transport.reads_in_place:
             torch.cuda.current_stream(flat.device).synchronize()  # done reading the learner's buffer before the Ack
         del flat  # a received buffer is reused in stream order after the copies that read it

@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from asyncrl.engine.bucket_layout import BucketLayout
 from asyncrl.records import WeightBucket, WeightGroupInit
 from asyncrl.weights.group import WeightGroup, connect_store
 
@@ -67,6 +68,15 @@ class WeightTransport(Protocol):
         """Generator: enter this side of the announced bucket's transfer without waiting for the bytes."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BucketLoader(Protocol):
+    """An engine that loads a received flat bucket by its layout (the torch engine: `load_plan.py` replays the
+    copies of an earlier bucket of the same layout). `WeightReceiver` hands it the buffer instead of named views."""
+
+    def load_bucket(self, flat: torch.Tensor, layout: BucketLayout) -> None:
+        """Load `flat` (uint8 [nbytes]) as `layout` (already validated) says, inside a weight update."""
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
-"""bench.adapter_push_host runs on CPU: the 7B push's tensor count into an unmerged engine, fp32 and bf16."""
+"""bench.adapter_push_host runs on CPU: the 7B push's tensor count into an unmerged engine, fp32 and bf16, by the
+named and the bucket path."""
 
 import json
 import subprocess
@@ -13,3 +14,5 @@ def test_prints_one_record_with_the_7b_push_shape(tmp_path):
     assert row["bench"] == "adapter_push_host" and row["tensors"] == 28 * 7 * 2 + 28 * 2 + 1
     assert (row["fp32_buckets"], row["bf16_buckets"]) == (3, 2) and row["fp32_bytes"] == 2 * row["bf16_bytes"]
     assert row["fp32_ms"] > 0 and row["bf16_ms"] > 0 and prof.stat().st_size > 0
+    assert row["bf16_bucket_ms"] > 0 and row["fp32_bucket_ms"] > 0 and row["bucket_over_named"] > 0
+    assert row["plan_hits"] > 0  # the bucket path replayed plans (each layout planned on its first bucket)

@@ -25,7 +25,8 @@ supported here: their projections take quantized inputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 
 from torch import Tensor, nn
 
@@ -87,6 +88,20 @@ class AdapterSlots:
                 arrived[path] = {leaf}
             else:
                 leaves.add(leaf)
+
+    def slot_of(self, name: str) -> tuple[str, str, Tensor] | None:
+        """(target path, leaf, the slot's buffer view) of an adapter's pushed name; None for any other name."""
+        return self._index.get(name)
+
+    def arrive(self, adapters: Mapping[str, AbstractSet[str]]) -> None:
+        """Count adapters copied into their slots by other means (a `LoadPlan`) as arrived in this update."""
+        arrived = self.arrived
+        for path, leaves in adapters.items():
+            got = arrived.get(path)
+            if got is None:
+                arrived[path] = set(leaves)
+            else:
+                got |= leaves
 
     def _refuse(self, name: str, path: str, leaf: str, t: Tensor) -> None:
         """The one-line error for an adapter that does not fit its slot."""

@@ -24,7 +24,7 @@ from asyncrl.engine.torch.model.layers import default_inv_freq
 from asyncrl.engine.torch.model.multi_copy import multi_copy
 
 # Buffers that a learner's state_dict may carry but that are derived, not trained.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq")
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.original_inv_freq")
 
 
 def load_hf_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.device,
@@ -93,7 +93,7 @@ def build_from_hf(hf_model: Any) -> CausalLM:
 def _assemble(arch: ArchConfig, tensors: dict[str, torch.Tensor]) -> tuple[CausalLM | None, str]:
     """(the compact model taking over `tensors` by Hugging Face name, frozen, in eval mode, ""), or (None, which
     names are missing or unexpected). Its RoPE table is the caller's to set."""
-    state = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    state = {k: v for k, v in tensors.items() if not k.endswith(IGNORED_SUFFIXES)}
     if arch.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):
@@ -154,7 +154,7 @@ def load_weights(model: CausalLM, named_tensors: Iterable[tuple[str, torch.Tenso
     names loaded. `params`: `parameter_index(model)`, kept by a caller that loads often (building it walks
     every module: ~1 ms a push at 28 layers, host time the engine is paused for). `read_only`: names no update
     may write (the matrices of a shared base image, `adopt`)."""
-    items = [(name, t) for name, t in named_tensors if not name.endswith(_IGNORED_SUFFIXES)]
+    items = [(name, t) for name, t in named_tensors if not name.endswith(IGNORED_SUFFIXES)]
     if not items:
         return []
     written = [name for name, _ in items if name in read_only]
