@@ -114,7 +114,7 @@ def main() -> None:
         **{f"{name}_buckets": len(b) for name, b in pushes.items()},
         **{f"{name}_bytes": sum(f.numel() for f, _ in b) for name, b in pushes.items()},
         "bucket_over_named": round(min(rounds["bf16_bucket"]) / min(rounds["bf16"]), 3),
-        "plan_hits": engine._plans.hits,
+        "plan_hits": engine.weights.plans.hits,
     }))
 
 

@@ -96,7 +96,6 @@ class WeightReceiver:
         ipc_staging: on a CUDA IPC link, copy each bucket out on a side stream and never wait for the engine's
         stream (generator.ipc_staging; `_end_update`)."""
         self.name, self.device, self.engine = generator_name, torch.device(device), engine
-        self._loads_buckets = isinstance(engine, BucketLoader)  # hand it the flat buffer and its layout
         self.host, self.timeout_s, self.max_bucket_bytes = host, timeout_s, max_bucket_bytes
         self.ipc_staging = ipc_staging
         self._transport: WeightTransport | None = None
@@ -270,7 +269,7 @@ class WeightReceiver:
         flat = posted.receiving.result(self.timeout_s)
         t1 = time.perf_counter()
         timings["recv_s"] += t1 - t
-        if self._loads_buckets:  # _post validated the layout
+        if isinstance(self.engine, BucketLoader):  # it takes the flat buffer and its layout (_post validated it)
             self.engine.load_bucket(flat, posted.layout)
         else:
             self.engine.load_weights(unflatten(flat, posted.layout, validated=True))

@@ -79,8 +79,8 @@ def test_replayed_adapter_buckets_land_as_the_general_path_lands_them(qwen2_path
         push(general, buckets, version, by_bucket=False)
         assert_same_bits(state(planned), state(general))
     # the first push planned every layout; the next two replayed every bucket
-    assert planned._plans.hits == 2 * len(buckets)
-    runs = [r for p in planned._plans.plans.values() for r in p.strided]
+    assert planned.weights.plans.hits == 2 * len(buckets)
+    runs = [r for p in planned.weights.plans.plans.values() for r in p.strided]
     assert runs  # the B slots of fused q/k/v and gate/up went the strided way, and landed (above)
     if len(buckets) == 1:  # both layers' q, k, v, gate and up B slots: one copy each for the two layers
         assert sorted(r.count for r in runs) == [2] * 5
@@ -96,7 +96,7 @@ def test_replayed_whole_weight_pushes_land_as_the_general_path_lands_them(qwen2_
         push(planned, buckets, version)
         push(general, buckets, version, by_bucket=False)
         assert_same_bits(state(planned), state(general))
-    assert planned._plans.hits == len(buckets)
+    assert planned.weights.plans.hits == len(buckets)
 
 
 def test_a_failing_layout_fails_every_time_and_is_never_planned(qwen2_path):
@@ -107,7 +107,7 @@ def test_a_failing_layout_fails_every_time_and_is_never_planned(qwen2_path):
         engine.begin_weight_update()
         with pytest.raises(ValueError, match="unknown parameter names.*model.nope.weight"):
             engine.load_bucket(flat, layout)
-    assert engine._plans.plans == {} and engine._plans.hits == 0
+    assert engine.weights.plans.plans == {} and engine.weights.plans.hits == 0
 
 
 def test_a_changed_shape_is_not_replayed_but_refused_by_the_general_path(qwen2_path):
@@ -122,7 +122,7 @@ def test_a_changed_shape_is_not_replayed_but_refused_by_the_general_path(qwen2_p
     with pytest.raises(ValueError, match=r"lora_A: got torch.float32 \(8, 32\), want a float \[r, 64\]"):
         for flat, layout in buckets:
             engine.load_bucket(flat, layout)
-    assert engine._plans.hits == 0
+    assert engine.weights.plans.hits == 0
 
 
 def test_the_end_of_update_check_sees_what_a_replayed_bucket_brought(qwen2_path):
@@ -136,13 +136,13 @@ def test_the_end_of_update_check_sees_what_a_replayed_bucket_brought(qwen2_path)
             engine.load_bucket(flat, layout)
         with pytest.raises(ValueError, match=f"{path}: lora_A and lora_B must arrive together"):
             engine.end_weight_update(1)
-    assert engine._plans.hits == 1
+    assert engine.weights.plans.hits == 1
 
 
 def test_a_merging_engine_takes_the_general_path(qwen2_path):
     engine = TorchEngine(qwen2_path, max_running=4, lora=MERGE)
     general = TorchEngine(qwen2_path, max_running=4, lora=MERGE)
-    assert engine._plans is None
+    assert engine.weights.plans is None
     for version in (1, 2):
         named = adapter_push(engine, seed=version, norms=False)
         buckets = list(iter_buckets(named, 6_000, "cpu"))

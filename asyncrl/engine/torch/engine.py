@@ -39,13 +39,10 @@ from asyncrl.observe.stage import stage
 from asyncrl.precision import dtypes
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
 from asyncrl.engine.torch.kv_cache import KVCache
-from asyncrl.engine.bucket_layout import BucketLayout, unflatten
-from asyncrl.engine.torch.adapter_merge import AdapterMerge, LoraSpec
-from asyncrl.engine.torch.adapter_slots import adapters_for
-from asyncrl.engine.torch.model import CausalLM, load_hf_folder, load_weights, parameter_index
-from asyncrl.engine.torch.load_plan import LoadPlans
-from asyncrl.engine.torch.model.fp8 import fp8_weights
-from asyncrl.engine.torch.model.loader import IGNORED_SUFFIXES
+from asyncrl.engine.bucket_layout import BucketLayout
+from asyncrl.engine.torch.adapter_merge import LoraSpec
+from asyncrl.engine.torch.model import CausalLM, load_hf_folder
+from asyncrl.engine.torch.model_weights import ModelWeights
 from asyncrl.engine.torch.model_runner import ModelRunner
 from asyncrl.engine.protocol import (
     EngineLimits,
@@ -153,12 +150,8 @@ class TorchEngine:
                              "mode keeps the synchronous decode loop and prefills every prompt whole; leave it unset")
         self.model = model
         model.fuse_projections()
-        self.adapters = adapters_for(model, lora, weights_dtype)  # before the KV cache takes the free memory
-        self.fp8 = fp8_weights(model, weights_dtype)  # so do the fp8 images
-        self._params = parameter_index(model)  # what a push loads into, by name (walked once, not per bucket)
-        # a bucket layout's copies, worked out once (load_plan.py); a merging engine takes the general path
-        self._plans = None if isinstance(self.adapters, AdapterMerge) else LoadPlans(
-            self._params, self.adapters, IGNORED_SUFFIXES)
+        self.weights = ModelWeights(model, lora, weights_dtype, self._shared)  # before the KV cache takes the memory
+        self.adapters, self.fp8 = self.weights.adapters, self.weights.fp8
         self.arch = self.model.cfg
         self.deterministic = deterministic
         self.max_model_len = min(max_model_len or self.arch.max_position_embeddings, self.arch.max_position_embeddings)
@@ -298,26 +291,19 @@ class TorchEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if not self._updating:
             raise RuntimeError("load_weights() outside a weight update: call begin_weight_update() first")
-        load_weights(self.model, self.adapters.take(named_tensors) if self.adapters else named_tensors, self._params,
-                     read_only=self._shared)
+        self.weights.load(named_tensors)
 
     def load_bucket(self, flat: torch.Tensor, layout: BucketLayout) -> None:
         """Load one received bucket (uint8 [nbytes], `layout` already validated): by the plan of its layout when
         an earlier bucket had the same one, else as load_weights(unflatten(...)) does."""
         if not self._updating:
             raise RuntimeError("load_bucket() outside a weight update: call begin_weight_update() first")
-        if self._plans is None:
-            self.load_weights(unflatten(flat, layout, validated=True))
-        else:
-            self._plans.load(flat, layout, self.load_weights)
+        self.weights.load_bucket(flat, layout)
 
     def end_weight_update(self, version: int) -> None:
         if not self._updating:
             raise RuntimeError("end_weight_update() without begin_weight_update()")
-        if self.adapters:
-            self.adapters.apply(self.model)
-        if self.fp8:
-            self.fp8.refresh()
+        self.weights.finish()
         self._updating = False
         self._version = int(version)
         self.blocks.new_weights()
