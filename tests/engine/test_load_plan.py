@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.engine.bucket_layout import unflatten
 from asyncrl.engine.torch.adapter_merge import LoraSpec
 from asyncrl.engine.torch.engine import TorchEngine
 from asyncrl.learner.config import DEFAULT_LORA_TARGETS
 from asyncrl.weights.bucket import iter_buckets
+from bench.adapter_push_host import push  # one update as WeightReceiver runs it, by either path
 
 RANK = 4
 UNMERGED = LoraSpec(tuple(DEFAULT_LORA_TARGETS), 2.0, RANK, "unmerged")
@@ -37,18 +37,6 @@ def adapter_push(engine: TorchEngine, seed: int, norms: bool = True) -> list[tup
 def whole_push(engine: TorchEngine, seed: int) -> list[tuple[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     return [(name, torch.randn(p.shape, generator=gen) * 0.05) for name, p in engine.model.named_parameters()]
-
-
-def push(engine: TorchEngine, buckets, version: int, by_bucket: bool = True) -> None:
-    engine.pause("continue")
-    engine.begin_weight_update()
-    for flat, layout in buckets:
-        if by_bucket:
-            engine.load_bucket(flat, layout)
-        else:
-            engine.load_weights(unflatten(flat, layout))
-    engine.end_weight_update(version)
-    engine.resume()
 
 
 def state(engine: TorchEngine) -> dict[str, torch.Tensor]:
@@ -75,7 +63,7 @@ def test_replayed_adapter_buckets_land_as_the_general_path_lands_them(qwen2_path
         named = adapter_push(planned, seed=version)
         buckets = list(iter_buckets(named, bucket_bytes, "cpu", dtype))
         assert len(buckets) > 2 or bucket_bytes > 6_000
-        push(planned, buckets, version)
+        push(planned, buckets, version, by_bucket=True)
         push(general, buckets, version, by_bucket=False)
         assert_same_bits(state(planned), state(general))
     # the first push planned every layout; the next two replayed every bucket
@@ -93,7 +81,7 @@ def test_replayed_whole_weight_pushes_land_as_the_general_path_lands_them(qwen2_
     general = TorchEngine(qwen2_path, max_running=4)
     for version in range(1, 3):
         buckets = list(iter_buckets(whole_push(planned, seed=version), 20_000, "cpu"))
-        push(planned, buckets, version)
+        push(planned, buckets, version, by_bucket=True)
         push(general, buckets, version, by_bucket=False)
         assert_same_bits(state(planned), state(general))
     assert planned.weights.plans.hits == len(buckets)
@@ -114,7 +102,7 @@ def test_a_changed_shape_is_not_replayed_but_refused_by_the_general_path(qwen2_p
     engine = TorchEngine(qwen2_path, max_running=4, lora=UNMERGED)
     path = "model.layers.0.self_attn.o_proj"
     good = [(f"{path}.lora_A", torch.randn(RANK, 64)), (f"{path}.lora_B", torch.randn(64, RANK))]
-    push(engine, list(iter_buckets(good, 1 << 20, "cpu")), 1)
+    push(engine, list(iter_buckets(good, 1 << 20, "cpu")), 1, by_bucket=True)
     # the same names and bytes as the planned layout, another shape: A [8, 32] where [4, 64] was
     wrong = [(f"{path}.lora_A", torch.randn(2 * RANK, 32)), (f"{path}.lora_B", torch.randn(64, RANK))]
     buckets = list(iter_buckets(wrong, 1 << 20, "cpu"))
@@ -146,6 +134,6 @@ def test_a_merging_engine_takes_the_general_path(qwen2_path):
     for version in (1, 2):
         named = adapter_push(engine, seed=version, norms=False)
         buckets = list(iter_buckets(named, 6_000, "cpu"))
-        push(engine, buckets, version)
+        push(engine, buckets, version, by_bucket=True)
         push(general, buckets, version, by_bucket=False)
     assert_same_bits(state(engine), state(general))
