@@ -54,14 +54,19 @@ def assert_same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
         assert a[k].dtype == b[k].dtype and torch.equal(a[k].view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)), k
 
 
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                      reason="needs CUDA")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])  # on CUDA: the multi-tensor copy's fast path and strided kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bucket_bytes", [6_000, 1 << 20])  # a layer in several buckets; every layer in one
-def test_replayed_adapter_buckets_land_as_the_general_path_lands_them(qwen2_path, dtype, bucket_bytes):
-    planned = TorchEngine(qwen2_path, max_running=4, lora=UNMERGED, dtype="bfloat16")
-    general = TorchEngine(qwen2_path, max_running=4, lora=UNMERGED, dtype="bfloat16")
+def test_replayed_adapter_buckets_land_as_the_general_path_lands_them(qwen2_path, dtype, bucket_bytes, device):
+    planned, general = (TorchEngine(qwen2_path, device=device, max_running=4, lora=UNMERGED, dtype="bfloat16",
+                                    cuda_graphs=False) for _ in range(2))
     for version in range(1, 4):
         named = adapter_push(planned, seed=version)
-        buckets = list(iter_buckets(named, bucket_bytes, "cpu", dtype))
+        buckets = list(iter_buckets(named, bucket_bytes, device, dtype))
         assert len(buckets) > 2 or bucket_bytes > 6_000
         push(planned, buckets, version, by_bucket=True)
         push(general, buckets, version, by_bucket=False)
@@ -76,11 +81,11 @@ def test_replayed_adapter_buckets_land_as_the_general_path_lands_them(qwen2_path
     assert any(not torch.equal(changed[f"{p}.B"], torch.zeros_like(changed[f"{p}.B"])) for p in planned.adapters.slots)
 
 
-def test_replayed_whole_weight_pushes_land_as_the_general_path_lands_them(qwen2_path):
-    planned = TorchEngine(qwen2_path, max_running=4)
-    general = TorchEngine(qwen2_path, max_running=4)
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_replayed_whole_weight_pushes_land_as_the_general_path_lands_them(qwen2_path, device):
+    planned, general = (TorchEngine(qwen2_path, device=device, max_running=4, cuda_graphs=False) for _ in range(2))
     for version in range(1, 3):
-        buckets = list(iter_buckets(whole_push(planned, seed=version), 20_000, "cpu"))
+        buckets = list(iter_buckets(whole_push(planned, seed=version), 20_000, device))
         push(planned, buckets, version, by_bucket=True)
         push(general, buckets, version, by_bucket=False)
         assert_same_bits(state(planned), state(general))
