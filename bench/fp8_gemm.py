@@ -56,25 +56,10 @@ def timed_eager(fn, iters: int) -> float:
 
 
 def timed_graph(fn, iters: int) -> float:
-    """Microseconds per call, `iters` calls captured in one CUDA graph (warm-up on a side stream first)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / (5 * iters)
+    """Microseconds per call, `iters` calls captured in one CUDA graph (bench.decode_attention's timer)."""
+    from bench.decode_attention import graph_ms
+
+    return 1e3 * graph_ms(fn, iters, replays=5)
 
 
 def refused(fn) -> bool:
