@@ -24,6 +24,8 @@
 #                     (only if >= 80 s are left)
 # LORA_COMPILE=true runs both pipelines with learner.compile (the config's own setting; ~1 min first step, so
 # give it LORA_STOP_AFTER=8 and ~150 s a pipeline: the steady step is the median over the run's second half).
+# LORA_TESTS=true first runs the GPU tests of the receiving side (the load plan on CUDA, CUDA IPC pushes, the shared
+# base image; ~60 s; gpu_tests.jsonl holds pytest's output).
 # LORA_PIPE_CAP (default 220) is each pipeline step's timeout in seconds: the compiled 7B run wants ~280.
 # LORA_PIPELINE_SETS="--set K=V ..." adds to the 7B pipeline's settings (an 80 GB H100 needs
 # "--set learner.micro_batch_tokens=2048 --set generator.kv_cache_tokens=65536" for both processes to fit).
@@ -149,6 +151,11 @@ nvidia-smi --query-gpu=timestamp,memory.used,memory.free,utilization.gpu --forma
   >"$RES/nvidia_smi.csv" 2>/dev/null &
 SMI=$!
 
+if [ "${LORA_TESTS:-false}" = true ]; then  # the GPU tests of the push's receiving side, before the runs
+  step gpu_tests 150 60 python -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_load_plan.py \
+    tests/weights/test_cuda_ipc.py tests/weights/test_base_image_gpu.py
+  tail -n 3 "$RES/gpu_tests.jsonl" | sed "s/^/  gpu_tests| /"
+fi
 step make_1.5b 60 20 python -m bench.make_model --shape 1.5b --out "$MODELS/1.5b"
 step learner_1.5b 120 60 python -m bench.learner --model "$MODELS/1.5b" --shape 1.5b --lora-rank 64 0 \
   --skip-hf --steps 3 --warmup 1
