@@ -6,14 +6,14 @@ it, groups the copies) is host work per tensor: ~7 us at 7B on an H100 host, 449
 a staged CUDA IPC push that host work is what the generator is paused for. A plan keeps the outcome of that work
 for one layout (each tensor's destination, whether it can be copied as a flat run of elements), so a later bucket
 of the same layout costs a split of its flat buffer into parts (one call), one multi-tensor copy per destination
-dtype, and a copy of its own for each destination that is a strided view (the B slot of a fused projection's
-block-diagonal adapter).
+dtype, and one copy per run of strided destinations (the B slot of a fused projection's block-diagonal adapter, in
+every layer the bucket holds: `strided_runs`).
 
     first bucket of a layout:   load_weights(unflatten(...))      the general path: errors, names, checks
                                  └─ on success: plan = destinations of every tensor (by name, as it loaded them)
     later buckets, same layout:  typed = flat.view(dtype); parts = typed.split(sizes)   (1-D views, one call)
                                  _foreach_copy_(flat destinations, dense parts)         (per destination dtype)
-                                 dst.copy_(part.view(shape)) for each strided destination
+                                 run.dst.copy_(typed.as_strided(...)) for each run of strided destinations
                                  adapters.arrived |= the plan's adapters                (the end-of-update check)
 
 A plan is made only after the general path loaded the bucket without error, so a layout that fails (a wrong name,
@@ -96,8 +96,8 @@ def _picker(indices: list[int]) -> Callable[[tuple[Tensor, ...]], tuple[Tensor, 
 
 
 class LoadPlans:
-    """The plans of one engine, by layout. `destination(name)` -> (the tensor a bucket's tensor `name` is copied
-    into, the (target path, leaf) of an adapter or None), as the general path resolved it."""
+    """The plans of one engine, by layout: `params` (parameters by Hugging Face name) and `slots` (the adapters'
+    slots, or None) are where a bucket's tensors go, as the general path resolves them."""
 
     def __init__(self, params: Mapping[str, Tensor], slots: AdapterSlots | None, skipped: Iterable[str]) -> None:
         self.params = params
