@@ -29,6 +29,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from bench.decode_attention import graph_ms
 from bench.generation import SHAPES
 
 
@@ -57,8 +58,6 @@ def timed_eager(fn, iters: int) -> float:
 
 def timed_graph(fn, iters: int) -> float:
     """Microseconds per call, `iters` calls captured in one CUDA graph (bench.decode_attention's timer)."""
-    from bench.decode_attention import graph_ms
-
     return 1e3 * graph_ms(fn, iters, replays=5)
 
 
