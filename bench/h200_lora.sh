@@ -96,7 +96,8 @@ l7 = last("learner_7b")
 if l7:
     out["7b_learner"] = {k: l7.get(k) for k in ("step_s", "load_s", "peak_mem_gib", "load_peak_mem_gib", "step_peak_mem_gib",
                                                 "free_mem_gib", "reserved_gib", "adapter_push_bytes", "adapter_gather_ms",
-                                                "checkpoint_stall_s", "checkpoint_write_s", "checkpoint_bytes")}
+                                                "checkpoint_stall_s", "checkpoint_write_s", "checkpoint_stall_traced_s",
+                                                "checkpoint_write_traced_s", "checkpoint_bytes")}
     out["7b_learner"].update(checkpoint_sizes(l7.get("checkpoint_bytes") or {}))
 try:
     rows = [r.split(", ") for r in (res / "nvidia_smi.csv").read_text().splitlines()[1:]]

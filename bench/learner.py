@@ -155,19 +155,25 @@ def adapter_push(trainer, device: torch.device, repeats: int = 5) -> dict:
 
 
 def checkpoint(trainer, device: torch.device, work: Path) -> dict:
-    """One background checkpoint (buffers reserved first, as the learner service does after step 1): the
-    learner's stall (snapshot to pinned host memory), the write, and the sizes of the files."""
+    """Two background checkpoints (buffers reserved first, as the learner service does after step 1), each
+    the learner's stall (snapshot to pinned host memory) and its write: one with the state dict gathered by
+    `get_state_dict` (`checkpoint_stall_traced_s`, as every save did before the snapshot plan), then one read by
+    the plan (`checkpoint_stall_s`, every later save of a run); the files' sizes."""
     trainer.reserve_checkpoint_buffers()
-    sync(device)
-    t0 = time.perf_counter()
-    trainer.save_checkpoint(work / "run", background=True)
-    sync(device)
-    stall = time.perf_counter() - t0
-    trainer.checkpoints.wait()
-    written = time.perf_counter() - t0
+    out = {}
+    for name, run in (("_traced", "run-traced"), ("", "run")):
+        if name:
+            trainer.checkpoints.forget_snapshot()
+        sync(device)
+        t0 = time.perf_counter()
+        trainer.save_checkpoint(work / run, background=True)
+        sync(device)
+        out[f"checkpoint_stall{name}_s"] = time.perf_counter() - t0
+        trainer.checkpoints.wait()
+        out[f"checkpoint_write{name}_s"] = time.perf_counter() - t0
     (folder,) = (work / "run" / "checkpoints").glob("step-*")
-    sizes = {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()}
-    return {"checkpoint_stall_s": stall, "checkpoint_write_s": written, "checkpoint_bytes": sizes}
+    out["checkpoint_bytes"] = {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()}
+    return out
 
 
 def profile_step(trainer, batch: records.Batch, device: torch.device, out: str) -> None:

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
 
 from asyncrl.durable import PACE_BYTES, PacedFile, fsync_dir, replace_dir, write_synced
 from asyncrl.learner import fsdp
+from asyncrl.learner.state_snapshot import StateSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class CheckpointWriter:
         self._finished: list[tuple[int, Path]] = []
         self._lock = threading.Lock()
         self._pinned: dict[str, torch.Tensor] = {}  # staging buffers, reused by every save (rank 0)
+        self._snapshot: StateSnapshot | None = None  # where the state's tensors live (one process)
 
     def save(self, run_dir: str | Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
              step: int, policy_version: int, extra: dict[str, Any], keep: int = 0, background: bool = True) -> bool:
@@ -111,8 +113,7 @@ class CheckpointWriter:
         fsdp.barrier()
         _write(tmp / f"rng-rank{info.rank}.pt", rng_state())
         multi = info.sharded and info.world_size > 1  # then rank 0 gets fresh CPU copies (cpu_offload)
-        msd, osd = get_state_dict(model, optimizer, options=_options(cpu_offload=multi))
-        msd = _trained_only(msd, _frozen_names(model))
+        msd, osd = self._state(model, optimizer, multi)
         fsdp.barrier()
         if info.rank == 0:
             state = self._stage({"model.pt": msd, "optimizer.pt": osd, "scheduler.pt": scheduler.state_dict()},
@@ -166,9 +167,23 @@ class CheckpointWriter:
         info = fsdp.dist_info()
         if info.device.type != "cuda" or info.world_size > 1:
             return
-        msd, osd = get_state_dict(model, optimizer, options=_options())
-        msd = _trained_only(msd, _frozen_names(model))
+        msd, osd = self._state(model, optimizer, multi=False)
         _map_tensors({"model.pt": msd, "optimizer.pt": osd}, "", self._buffer)
+
+    def forget_snapshot(self) -> None:
+        """The next save gathers with `get_state_dict` and traces again (bench.learner times both ways)."""
+        self._snapshot = None
+
+    def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer, multi: bool) -> tuple[dict, dict]:
+        """The trained model's and the optimizer's whole state dicts. One process: read from the live tensors
+        by the plan traced from the first `get_state_dict` (state_snapshot.py: its Python walk was most of the
+        stall), traced anew when the state changed shape."""
+        if not multi and self._snapshot is not None and (state := self._snapshot.read(optimizer)) is not None:
+            return state
+        msd, osd = get_state_dict(model, optimizer, options=_options(cpu_offload=multi))
+        msd = _trained_only(msd, _frozen_names(model))
+        self._snapshot = None if multi else StateSnapshot.trace(model, optimizer, msd, osd)
+        return msd, osd
 
     def _stage(self, obj: Any, clone: bool) -> Any:
         """Host copies of a state dict: device tensors into pinned buffers kept for the next save (one DMA

@@ -24,7 +24,7 @@ def test_bench_learner_lora_against_full_runs_both_and_compares():
     assert (lora["lora_rank"], full["lora_rank"]) == (4, 0) and lora["model"] == full["model"]
     assert 0 < lora["trained_params"] < full["trained_params"]
     assert lora["adapter_push_bytes"] == 4 * lora["trained_params"] and "adapter_push_bytes" not in full
-    assert lora["adapter_gather_ms"] > 0 and lora["checkpoint_stall_s"] > 0
+    assert lora["adapter_gather_ms"] > 0 and lora["checkpoint_stall_s"] > 0 and lora["checkpoint_stall_traced_s"] > 0
     assert lora["checkpoint_bytes"]["model.pt"] < full["checkpoint_bytes"]["model.pt"]  # adapters + norms only
     assert compare["bench"] == "learner_lora_compare" and compare["ranks"] == [4, 0]
     assert compare["step_s"] == {"4": lora["step_s"], "0": full["step_s"]}
