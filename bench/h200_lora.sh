@@ -27,8 +27,9 @@
 # LORA_TESTS=true first runs the GPU tests of the receiving side (the load plan on CUDA, CUDA IPC pushes, the shared
 # base image; ~60 s; gpu_tests.jsonl holds pytest's output).
 # LORA_PIPE_CAP (default 220) is each pipeline step's timeout in seconds: the compiled 7B run wants ~280.
-# LORA_PIPELINE_SETS="--set K=V ..." adds to the 7B pipeline's settings (an 80 GB H100 needs
-# "--set learner.micro_batch_tokens=2048 --set generator.kv_cache_tokens=65536" for both processes to fit).
+# LORA_PIPELINE_SETS="--set K=V ..." adds to the 7B pipeline's settings (an 80 GB H100 wants
+# "--set learner.micro_batch_tokens=3072 --set generator.kv_cache_tokens=65536": 35 GiB free, step 7.7-7.8 s with
+# the shared base; the config's 4096 leaves 19.9 GiB; 2048 steps 8.2-8.3 s).
 # LORA_SKIP="make_1.5b learner_1.5b ..." leaves those steps out (1.5B and the 7B learner were measured twice by
 # 2026-12-05; the next call needs make_7b, engine_7b and pipeline_7b with LORA_APPLY=unmerged).
 # nvidia-smi samples used / free memory every 0.5 s throughout (nvidia_smi.csv). summary.json holds the

@@ -19,7 +19,9 @@ back with `broadcast_from_rank0`: plain files, loadable with any world size (ran
 CPU memory; past tens of billions of parameters, a sharded `dcp.save` layout). Assumes a filesystem shared by the ranks.
 
 Non-blocking saves (`save(background=True)`): the learner stalls only for the snapshot — the state dict gathered
-(a collective), copied into pinned host buffers kept for the next save (~50 GB/s on an H200 host) — then a
+(a collective; on one process read from the live tensors by a plan traced from the first `get_state_dict`,
+state_snapshot.py: 0.13 s against 0.89 s for a 7B LoRA learner on an H100), copied into pinned host buffers kept
+for the next save (~50 GB/s on an H200 host) — then a
 thread, touching no GPU, writes and renames. At most one write is in flight: one due while the previous is being
 written is skipped (logged), never waited for; the learner waits only where the hub's commit window would run
 out (learner/service.py) and at the end of the run, and commits a step once it is on disk (`finished`).
