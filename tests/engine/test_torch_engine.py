@@ -127,10 +127,10 @@ def test_max_new_tokens_and_stop_tokens(qwen2_path):
 
 def test_eos_from_config_and_ignore_eos(qwen2_path):
     eng = engine(qwen2_path)
-    assert eng.eos_token_ids == frozenset({1})  # from config.json / generation_config.json
+    assert eng.loop.eos_token_ids == frozenset({1})  # from config.json / generation_config.json
     base = drain(eng, {0: [request("e", PROMPT, temperature=1.0, seed=5, max_new_tokens=15, ignore_eos=True)]})
     tokens = base[("e", 0)].token_ids.tolist()
-    eng.eos_token_ids = frozenset({tokens[4]})
+    eng.loop.eos_token_ids = frozenset({tokens[4]})
     stopped = drain(eng, {0: [request("e", PROMPT, temperature=1.0, seed=5, max_new_tokens=15)]})
     assert stopped[("e", 0)].token_ids.tolist() == tokens[: tokens.index(tokens[4]) + 1]
     assert stopped[("e", 0)].finish_reason == FinishReason.STOP

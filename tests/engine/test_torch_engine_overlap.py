@@ -57,7 +57,7 @@ def record(out: GenerationOutput) -> tuple:
 
 
 def assert_idle(eng: TorchEngine) -> None:
-    assert not eng.has_work() and eng._inflight is None and not eng._ready
+    assert not eng.has_work() and eng.loop.inflight is None and not eng._ready
     assert eng.blocks.num_free == eng.blocks.num_blocks and not any(eng.blocks.ref_counts)
     assert not eng.scheduler.running and not eng.scheduler.waiting
 
@@ -109,7 +109,7 @@ def test_stop_and_eos_at_random_lengths(qwen2_path):
                    request("short", [9, 8], n=2, temperature=1.0, seed=5, max_new_tokens=3, ignore_eos=True)]}
 
     def common_eos(eng):  # EOS proper: the tiny model's own EOS (1) is rare, so make common tokens EOS too
-        eng.eos_token_ids = frozenset({1, 17, 23})
+        eng.loop.eos_token_ids = frozenset({1, 17, 23})
         return []
 
     def actions():
@@ -118,8 +118,8 @@ def test_stop_and_eos_at_random_lengths(qwen2_path):
     outs, eng = compare(qwen2_path, arrivals, actions)
     reasons = [o.finish_reason for o in outs]
     assert reasons.count(FinishReason.STOP) >= 8 and FinishReason.LENGTH in reasons  # `short` ends by length
-    assert {o.token_ids[-1] for o in outs if o.request_id == "eos" and o.finish_reason == FinishReason.STOP} <= {
-        1, 17, 23}
+    eos_stops = {o.token_ids[-1] for o in outs if o.request_id == "eos" and o.finish_reason == FinishReason.STOP}
+    assert eos_stops and eos_stops <= {1, 17, 23}
     assert eng.counters["discarded_rows"] > 0  # a stop is seen after the next step was launched
     assert len({len(o.token_ids) for o in outs}) > 5
 
@@ -220,10 +220,10 @@ def test_abort_returns_the_step_in_flight_of_its_requests_only(qwen2_path):
     eng.add(request("x", [5, 6, 7], n=2, temperature=1.0, seed=1, max_new_tokens=3, ignore_eos=True))
     eng.add(request("y", [5, 6, 7], temperature=1.0, seed=2, max_new_tokens=3, ignore_eos=True))
     assert eng.step() == [] and eng.step() == []  # prefill + decode 1, then decode 2 (the last) in flight
-    assert eng._inflight is not None
+    assert eng.loop.inflight is not None
     aborted = eng.abort(["x"])  # x finished in the step in flight: returned here, complete, not aborted
     assert [(o.request_id, o.finish_reason, len(o.token_ids)) for o in aborted] == [("x", FinishReason.LENGTH, 3)] * 2
-    assert eng.has_work() and eng._inflight is None
+    assert eng.has_work() and eng.loop.inflight is None
     assert [(o.request_id, len(o.token_ids)) for o in eng.step()] == [("y", 3)]
     assert_idle(eng)
     eng.add(request("x", [5], max_new_tokens=2))  # its id is free again

@@ -11,17 +11,9 @@ pause('continue') in-flight sequences keep their KV cache and continue under the
 `prefix_cache`, requests reuse full KV pages of earlier ones computed by the same weights (`prefix_cache`).
 `score(groups)` runs given responses through the same steps with their tokens forced (`scoring`).
 
-Overlapped decode (`overlap`, on by default with CUDA graphs): a decode step is launched before the previous
-one's results are read, and its input tokens come from that step's samples on the device (`inflight` has the
-timeline), so step() returns a sample's output one call after its last token was sampled. Anything that needs
-the host state first drains the step in flight (reads and applies its results): a prefill (new or resumed
-groups waiting), blocks short for the next step (then schedule_decode preempts as usual), rows with top-k /
-top-p or forced tokens, and pause / abort / begin_weight_update / score / close. Tokens, logprobs, versions and
-finish reasons are those of the synchronous loop; a sequence that stops at a stop token has already been
-given a row in the next step, which is computed and discarded.
-
-A prefill is overlapped the same way (`_prefill_then_decode`, timeline in `inflight`): the next decode step is
-launched before the prefill's samples are read, its new rows taking their first tokens from them on the device.
+Each step() is one round of `StepLoop` (step_loop.py): admit and prefill, then one decode step, overlapped with
+the next round's launch when `overlap` is on (on by default with CUDA graphs); anything that needs the complete
+host state (pause, abort, begin_weight_update, score, close) first drains the step in flight.
 """
 
 from __future__ import annotations
@@ -34,7 +26,6 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
-from asyncrl.observe.stage import stage
 
 from asyncrl.precision import dtypes
 from asyncrl.engine.torch.block_manager import BlockManager, blocks_for
@@ -52,10 +43,10 @@ from asyncrl.engine.protocol import (
     PauseMode,
 )
 from asyncrl.engine.torch.forced_group import ForcedGroup
-from asyncrl.engine.torch.inflight import InflightStep, ResultBuffers
 from asyncrl.engine.torch.scheduler import Scheduler
 from asyncrl.engine.torch.scoring import score_forced
-from asyncrl.engine.torch.sequence import Sequence, SequenceGroup, SequenceStatus
+from asyncrl.engine.torch.step_loop import StepLoop
+from asyncrl.engine.torch.sequence import Sequence, SequenceGroup
 from asyncrl.records import FinishReason
 
 _SEED_MOD = 2**63
@@ -167,26 +158,35 @@ class TorchEngine:
         )
         if overlap is None:
             overlap = self.runner.graphs is not None and not deterministic
-        self.overlap = overlap
-        self.overlap_prefill = overlap  # `_prefill_then_decode`; benches turn it off to measure it
-        self._results = ResultBuffers(max_running, self.device) if overlap else None
-        self._inflight: InflightStep | None = None  # the decode step launched and not yet read
+        self.loop = StepLoop(self.runner, self.scheduler, max_running=max_running, max_model_len=self.max_model_len,
+                             eos_token_ids=frozenset(self.arch.eos_token_ids), deterministic=deterministic,
+                             overlap=overlap, version=weight_version, device=self.device)
         self._ready: list[Sequence] = []  # finished by a drain outside step(): returned by the next step()
-        self.eos_token_ids = frozenset(self.arch.eos_token_ids)
-        self._version = weight_version
         self._seed_rng = random.Random(seed)
         self._live: dict[str, int] = {}  # request_id -> samples not yet returned
         self._paused = self._updating = self._closed = False
-        # decode_ahead: decode steps launched from the previous step's samples on the device (overlap);
-        # discarded_rows: rows computed for a sequence that had stopped in the step before
-        # prefills_overlapped: prefills whose samples were read after the next decode step was launched
-        # prefills: groups admitted; prefill_batches: admissions (each its own prefill step, the groups of one together)
-        self.counters = {"prefills": 0, "prefill_batches": 0, "prefill_tokens": 0, "decode_steps": 0,
-                         "tokens_generated": 0, "decode_ahead": 0, "discarded_rows": 0, "prefills_overlapped": 0}
+
+    @property
+    def overlap(self) -> bool:
+        return self.loop.overlap
+
+    @property
+    def overlap_prefill(self) -> bool:
+        """Whether a prefill is overlapped with the next decode step (StepLoop); benches turn it off to measure it."""
+        return self.loop.overlap_prefill
+
+    @overlap_prefill.setter
+    def overlap_prefill(self, on: bool) -> None:
+        self.loop.overlap_prefill = on
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The step loop's counts: prefills, decode steps, tokens generated, ... (StepLoop.counters)."""
+        return self.loop.counters
 
     @property
     def weight_version(self) -> int:
-        return self._version
+        return self.loop.version
 
     # ---------------------------------------------------------------- requests
 
@@ -204,37 +204,15 @@ class TorchEngine:
         self.scheduler.add(SequenceGroup(seqs))
 
     def step(self) -> list[GenerationOutput]:
-        """One round: prefill what can be admitted, one decode step -> the samples that finished (with overlap:
-        in the decode step read in this round, launched in the previous one)."""
+        """One round of the step loop: prefill what can be admitted, one decode step -> the samples that finished
+        (with overlap: in the decode step read in this round, launched in the previous one)."""
         self._check_open()
         if self._updating:
             raise RuntimeError("step() during a weight update: call end_weight_update(version) first")
         if self._paused or not self.has_work():
             return []
         finished, self._ready = self._ready, []
-        if self._inflight is not None and not self.scheduler.waiting:  # nothing to admit: run ahead
-            with stage("engine.decode_ahead"):
-                ahead = self._decode_ahead()
-            if ahead is not None:
-                return self._outputs(finished + ahead)
-        with stage("engine.drain"):
-            finished += self._drain()  # admission and preemption decide on the complete host state
-        with stage("engine.schedule_prefill"):
-            groups = self.scheduler.schedule_prefill()
-        if groups and self._overlaps_prefill(groups):
-            with stage("engine.prefill_overlapped"):
-                done, launched = self._prefill_then_decode(groups)
-            finished += done
-            if launched:
-                return self._outputs(finished)
-        elif groups:
-            finished += self._prefill(groups)
-        with stage("engine.schedule_decode"):
-            seqs = self.scheduler.schedule_decode()
-        if seqs:
-            with stage("engine.decode"):
-                finished += self._decode(seqs)
-        return self._outputs(finished)
+        return self._outputs(finished + self.loop.round())
 
     def score(self, groups: list[ForcedGroup]) -> list[list[np.ndarray]]:
         """Logprob of every response token, as generation computes it, in input order: [group][sample]
@@ -243,7 +221,7 @@ class TorchEngine:
         self._check_open()
         if self._paused or self._updating:
             raise RuntimeError("score() while paused or in a weight update: end the update and resume() first")
-        self._ready += self._drain()
+        self._ready += self.loop.drain()
         if self.has_work():
             raise RuntimeError("score() needs an idle engine: step() until has_work() is false, or abort the "
                                "requests in flight")
@@ -251,7 +229,7 @@ class TorchEngine:
 
     def has_work(self) -> bool:
         """Queued or running sequences, a decode step in flight, or finished outputs not yet returned."""
-        return not self._closed and (self.scheduler.has_work() or self._inflight is not None or bool(self._ready))
+        return not self._closed and (self.scheduler.has_work() or self.loop.inflight is not None or bool(self._ready))
 
     def limits(self) -> EngineLimits:
         return EngineLimits(vocab_size=self.arch.vocab_size, max_model_len=self.max_model_len)
@@ -259,7 +237,7 @@ class TorchEngine:
     def abort(self, request_ids: Iterable[str] | None = None) -> list[GenerationOutput]:
         """Also returns, first, these requests' samples that finished in the decode step in flight (their
         outputs were not returned yet), so nothing of an aborted request is left in the engine."""
-        self._ready += self._drain()
+        self._ready += self.loop.drain()
         ids = None if request_ids is None else set(request_ids)
         done = [s for s in self._ready if ids is None or s.request_id in ids]
         self._ready = [s for s in self._ready if not (ids is None or s.request_id in ids)]
@@ -275,7 +253,7 @@ class TorchEngine:
         self._paused = True
         if mode == "abort":
             return self.abort(None)
-        self._ready += self._drain()  # the host state is complete while paused
+        self._ready += self.loop.drain()  # the host state is complete while paused
         return []
 
     def resume(self) -> None:
@@ -285,7 +263,7 @@ class TorchEngine:
 
     def begin_weight_update(self) -> None:
         self._check_open()
-        self._ready += self._drain()  # no step runs across a weight load
+        self._ready += self.loop.drain()  # no step runs across a weight load
         self._updating = True
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -305,7 +283,7 @@ class TorchEngine:
             raise RuntimeError("end_weight_update() without begin_weight_update()")
         self.weights.finish()
         self._updating = False
-        self._version = int(version)
+        self.loop.version = int(version)
         self.blocks.new_weights()
 
     def receiving_ranks(self) -> int:
@@ -318,7 +296,7 @@ class TorchEngine:
             running=len(self.scheduler.running),
             waiting=self.scheduler.num_waiting(),
             tokens_generated=self.counters["tokens_generated"],
-            weight_version=self._version,
+            weight_version=self.loop.version,
             prefill_tokens=self.counters["prefill_tokens"],
             prefix_cache_hit_tokens=self.blocks.hit_tokens,
         )
@@ -332,143 +310,7 @@ class TorchEngine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    # ---------------------------------------------------------------- step phases
-
-    def _prefill(self, groups: list[SequenceGroup]) -> list[Sequence]:
-        start = self._prefill_begins(groups)
-        finished = []
-        for batch in ([g] for g in groups) if self.deterministic else [groups]:  # alone: no batch dependence
-            seqs, tokens, logprobs = self.runner.prefill(batch)
-            finished += self._append(seqs, tokens, logprobs, self._version)
-        self._prefill_ends(groups, start)
-        return finished
-
-    def _overlaps_prefill(self, groups: list[SequenceGroup]) -> bool:
-        """Whether the next decode step can be launched before the prefill's samples are read: overlap on, some
-        group samples, and every running row can run ahead (no top-k / top-p, nothing forced)."""
-        return (self.overlap_prefill and any(not g.is_resume for g in groups)
-                and self.runner.can_run_ahead(self.scheduler.running))
-
-    def _prefill_then_decode(self, groups: list[SequenceGroup]) -> tuple[list[Sequence], bool]:
-        """Launch the prefill, then the next decode step, whose new rows take their first tokens from the
-        prefill's samples on the device, then read those samples while the GPU decodes; the step's own results
-        are read in the next round. The rows and the order are schedule_decode's after a synchronous prefill,
-        plus the rows of sequences whose first token stops them (computed and discarded, as in `_decode_ahead`).
-        -> (the sequences that finished, whether the step was launched). Not launched when the free blocks do
-        not cover it: step() then schedules (and preempts) as the synchronous loop does."""
-        start = self._prefill_begins(groups)
-        seqs, sampled = self.runner.launch_prefill(groups)
-        prefill = self._results.launch(seqs, sampled, self._version)  # its host copy, queued behind it
-        column = {id(s): i for i, s in enumerate(seqs)}
-        rows, src = [], []
-        for seq in self.scheduler.running:
-            i = column.get(id(seq), -1)
-            if i < 0 or not self._at_length(seq, pending=1):
-                rows.append(seq)
-                src.append(i)
-        launched = bool(rows) and self.scheduler.schedule_rows(rows, [int(i >= 0) for i in src])
-        if launched:
-            self._launch(rows, src)
-            self.counters["prefills_overlapped"] += 1
-        finished = self._read(prefill)
-        self._prefill_ends(groups, start)
-        return finished, launched
-
-    def _prefill_begins(self, groups: list[SequenceGroup]) -> float:
-        start = time.perf_counter()
-        for seq in (s for g in groups for s in g.seqs if s.prefill_start is None):
-            seq.prefill_start = start
-        self.counters["prefills"] += len(groups)
-        self.counters["prefill_batches"] += 1  # admissions: each a prefill step of its own
-        self.counters["prefill_tokens"] += sum(len(g.prefill_token_ids()) - g.num_cached for g in groups)
-        return start
-
-    def _prefill_ends(self, groups: list[SequenceGroup], start: float) -> None:
-        elapsed = time.perf_counter() - start
-        for seq in (s for g in groups for s in g.seqs):
-            seq.prefill_s += elapsed
-
-    def _decode(self, seqs: list[Sequence]) -> list[Sequence]:
-        """One decode step from the host's tokens: synchronous, or with overlap launched and left in flight."""
-        if self.overlap and self.runner.can_run_ahead(seqs):
-            self._launch(seqs)
-            return []
-        tokens, logprobs = self.runner.decode(seqs)
-        self.counters["decode_steps"] += 1
-        return self._append(seqs, tokens, logprobs, self._version)
-
-    def _decode_ahead(self) -> list[Sequence] | None:
-        """Launch the next decode step from the in-flight one's samples on the device, then read and apply
-        the in-flight step's results while the GPU runs the new one. Its rows: the in-flight step's sequences
-        that still run and do not end with their pending token. -> the sequences that finished; None when the
-        free KV blocks do not cover the new step (nothing launched: step() drains and schedules as usual)."""
-        prev = self._inflight
-        src = [i for i, s in enumerate(prev.seqs) if s.status is SequenceStatus.RUNNING and not self._at_length(s, pending=1)]
-        seqs = [prev.seqs[i] for i in src]
-        if not self.scheduler.schedule_ahead(seqs):
-            return None
-        self._inflight = None
-        if seqs:
-            self._launch(seqs, src)
-            self.counters["decode_ahead"] += 1
-        return self._read(prev)
-
-    def _launch(self, seqs: list[Sequence], src: list[int] | None = None) -> None:
-        sampled = self.runner.launch_decode(seqs, src)
-        self.counters["decode_steps"] += 1
-        self._inflight = self._results.launch(seqs, sampled, self._version)
-
-    def _drain(self) -> list[Sequence]:
-        """Read and apply the step in flight, if any (launching nothing) -> the sequences that finished."""
-        prev, self._inflight = self._inflight, None
-        return [] if prev is None else self._read(prev)
-
-    def _read(self, step: InflightStep) -> list[Sequence]:
-        """Wait for a launched step and apply its tokens. A finished sequence's blocks are freed here although
-        the step launched after this one may still write its pending token's KV into them: any later owner of
-        those blocks writes them in a step queued after that one on the same stream, so the stale write lands
-        first."""
-        tokens, logprobs = step.results()
-        return self._append(step.seqs, tokens, logprobs, step.version)
-
-    def _append(
-        self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor, version: int
-    ) -> list[Sequence]:
-        """Apply one token per row, stamped `version`. A row whose sequence no longer runs (it stopped in the step
-        before this one, which ran ahead of it) is discarded."""
-        now = time.perf_counter()
-        finished = []
-        running = SequenceStatus.RUNNING
-        appended = 0
-        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
-            if seq.status is not running:
-                continue
-            seq.append(token, logprob, version, now)
-            appended += 1
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                seq.finish(reason, now)
-                self.scheduler.finish(seq)
-                finished.append(seq)
-        self.counters["tokens_generated"] += appended
-        self.counters["discarded_rows"] += len(seqs) - appended
-        return finished
-
-    def _at_length(self, seq: Sequence, pending: int = 0) -> bool:
-        """The length rule: max_new_tokens or max_model_len reached, counting `pending` tokens not yet appended
-        (pending = 1: its token in flight is its last, whatever it is)."""
-        return (seq.num_outputs + pending >= seq.sampling.max_new_tokens
-                or seq.num_tokens + pending >= self.max_model_len)
-
-    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        if seq.forced_token_ids is not None:  # scoring: the forced tokens decide, not EOS or max_new_tokens
-            return FinishReason.LENGTH if seq.forced_done else None
-        params = seq.sampling
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            return FinishReason.STOP
-        if self._at_length(seq):
-            return FinishReason.LENGTH
-        return None
+    # ---------------------------------------------------------------- outputs
 
     def _outputs(self, seqs: list[Sequence]) -> list[GenerationOutput]:
         for seq in seqs:

@@ -1,6 +1,6 @@
 """The decode step in flight (overlapped decode): its rows, its weight version, and where its results land.
 
-With overlap on, `TorchEngine.step` launches decode step k+1 before it reads step k's results, so the GPU
+With overlap on, `StepLoop.round` (one `TorchEngine.step`) launches decode step k+1 before it reads step k's results, so the GPU
 never waits for the host's bookkeeping between two decode steps:
 
     host   │ plan k+1 · stage k+1 · launch k+1 │ wait(k) │ append k's tokens, finish, free │ plan k+2 · …
@@ -21,7 +21,7 @@ never waits for the host's bookkeeping between two decode steps:
 * Device side: `sampled` is one buffer that every decode step writes; its readers, the D2H copy and the next
   step's unpack, are queued before the next step's sampler, so it is only valid until the next launch.
 
-A prefill (`TorchEngine._prefill_then_decode`): after the drain and admission, the prefill is queued, its
+A prefill (`StepLoop._prefill_then_decode`): after the drain and admission, the prefill is queued, its
 samples written where a decode step's land (`sampled`) and their D2H copy queued, then the next decode step, whose
 new rows unpack their first tokens from those samples; only then does the host wait for the prefill's copy, while
 the GPU decodes:
