@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 import shutil
 import threading
@@ -45,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
@@ -53,6 +51,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
 
 from asyncrl.durable import PACE_BYTES, PacedFile, fsync_dir, replace_dir, write_synced
 from asyncrl.learner import fsdp
+from asyncrl.learner.rng_state import rng_state, set_rng_state
 from asyncrl.learner.state_snapshot import StateSnapshot
 
 log = logging.getLogger(__name__)
@@ -370,32 +369,6 @@ def _map_tensors(obj: Any, key: str, fn: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_map_tensors(v, f"{key}/{i}", fn) for i, v in enumerate(obj))
     return obj
-
-
-def rng_state() -> dict[str, Any]:
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(_tuples(state["python"]))
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _tuples(x: Any) -> Any:
-    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def _write(path: Path, obj: Any) -> None:
