@@ -143,7 +143,9 @@ step() {
 if [ "${1:-}" = summary ]; then summarize "${2:-$RES}"; exit; fi
 rm -rf "$RES" "$RUNS"
 mkdir -p "$RES" "$MODELS" "$OUT"
-export ASYNCRL_COMMIT=${ASYNCRL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# The device's copy has a stale .git: bench.provenance says "+dirty" then, where a bare rev-parse named the old
+# commit as the code that ran (2026-12-06). Name the tree sent with ASYNCRL_COMMIT=<hash> on the command line.
+export ASYNCRL_COMMIT=${ASYNCRL_COMMIT:-$(python -c "from bench.provenance import commit; print(commit())" 2>/dev/null || echo unknown)}
 export HF_HUB_DISABLE_PROGRESS_BARS=1
 
 { nvidia-smi; python -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } \
