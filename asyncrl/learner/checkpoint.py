@@ -179,8 +179,11 @@ class CheckpointWriter:
         """The trained model's and the optimizer's whole state dicts. One process: read from the live tensors
         by the plan traced from the first `get_state_dict` (state_snapshot.py: its Python walk was most of the
         stall), traced anew when the state changed shape."""
-        if not multi and self._snapshot is not None and (state := self._snapshot.read(optimizer)) is not None:
-            return state
+        if not multi and self._snapshot is not None:
+            if (state := self._snapshot.read(optimizer)) is not None:
+                return state
+            log.info("checkpoint: the state changed since its snapshot plan was traced (%s); tracing again",
+                     self._snapshot.miss)
         msd, osd = get_state_dict(model, optimizer, options=_options(cpu_offload=multi))
         msd = _trained_only(msd, _frozen_names(model))
         self._snapshot = None if multi else StateSnapshot.trace(model, optimizer, msd, osd)

@@ -43,6 +43,7 @@ class StateSnapshot:
         self.model_leaves, self.optim_leaves = model_leaves, optim_leaves
         self.optim_extras = optim_extras  # non-tensor entries of a parameter's optimizer state, as traced
         self.groups = groups  # the traced param_groups ("params" holds names)
+        self.miss = ""  # why the last read gave None
 
     @classmethod
     def trace(cls, model: nn.Module, optimizer: torch.optim.Optimizer, msd: dict[str, Any],
@@ -77,24 +78,34 @@ class StateSnapshot:
 
     def read(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """(model state dict, optimizer state dict) as `get_state_dict` would give them now; None when the
-        live state no longer matches the plan (trace again)."""
+        live state no longer matches the plan (trace again), with the first difference in `self.miss`."""
+        self.miss = ""
         msd = {}
         for key, leaf in self.model_leaves.items():
             if (t := _read(leaf.owner, leaf)) is None:
-                return None
+                return self._missed(f"model.pt {key}")
             msd[key] = t
+        if len(optimizer.state) != len(self.optim_leaves):
+            return self._missed(f"optimizer state for {len(optimizer.state)} parameters, traced with "
+                                f"{len(self.optim_leaves)}")
         state: dict[str, dict[str, Any]] = {}
         for key, leaves in self.optim_leaves.items():
             entry = dict(self.optim_extras[key])
             live = optimizer.state.get(leaves[next(iter(leaves))].owner, {}) if leaves else {}
+            if len(live) != len(entry) + len(leaves):
+                return self._missed(f"optimizer.pt {key}: {sorted(live)}")
             for name, leaf in leaves.items():
                 if (t := _read(live.get(name), leaf)) is None:
-                    return None
+                    return self._missed(f"optimizer.pt {key}/{name}")
                 entry[name] = t
             state[key] = entry
         groups = [{**traced, **{k: v for k, v in live.items() if k != "params"}}
                   for traced, live in zip(self.groups, optimizer.param_groups)]
         return msd, {"state": state, "param_groups": groups}
+
+    def _missed(self, what: str) -> None:
+        self.miss = what
+        return None
 
 
 def _model_places(model: nn.Module) -> dict[tuple, tuple[torch.Tensor, None]]:

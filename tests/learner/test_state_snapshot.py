@@ -79,9 +79,14 @@ def test_a_copy_is_not_traced_and_a_changed_shape_is_not_read(tiny_model):
     state = t.optimizer.state[plan.model_leaves[first].owner]
     old = state["exp_avg"]
     state["exp_avg"] = torch.zeros(3)
-    assert plan.read(t.optimizer) is None  # the writer then traces anew
+    assert plan.read(t.optimizer) is None and "exp_avg" in plan.miss  # the writer then traces anew
     state["exp_avg"] = old
-    assert plan.read(t.optimizer) is not None
+    assert plan.read(t.optimizer) is not None and plan.miss == ""
+    state["max_exp_avg_sq"] = old.clone()  # an entry gains a tensor: the plan would leave it out
+    assert plan.read(t.optimizer) is None and "max_exp_avg_sq" in plan.miss
+    del state["max_exp_avg_sq"]
+    t.optimizer.state[torch.nn.Parameter(torch.zeros(2))] = {"step": torch.tensor(1.0)}  # a parameter gains state
+    assert plan.read(t.optimizer) is None and "parameters" in plan.miss
 
 
 def test_the_writer_traces_once_and_its_checkpoint_resumes_exactly(tiny_model, tmp_path, monkeypatch):
@@ -94,6 +99,16 @@ def test_the_writer_traces_once_and_its_checkpoint_resumes_exactly(tiny_model, t
         a.save_checkpoint(tmp_path / "run", background=True)
         a.checkpoints.wait()
     assert len(calls) == 1  # traced at the first save, read by the plan after
+    state = next(iter(a.optimizer.state.values()))
+    state["exp_avg"] = state["exp_avg"].clone()  # a new tensor of the same shape: read as it is now, no retrace
+    a.save_checkpoint(tmp_path / "run", background=True)
+    a.checkpoints.wait()
+    assert len(calls) == 1
+    state["extra"] = torch.zeros(1)  # a changed state: traced again
+    a.save_checkpoint(tmp_path / "other", background=True)
+    a.checkpoints.wait()
+    del state["extra"]
+    assert len(calls) == 2
     m_a = a.train_step(make_batch(seed=4, step=4))
 
     b = Trainer(LearnerConfig(**CFG, **LORA), str(tiny_model), device="cpu")
