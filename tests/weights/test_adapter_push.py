@@ -140,7 +140,7 @@ def test_gather_first_packs_the_whole_push_before_the_generators_pause(monkeypat
         return report
 
     monkeypatch.setattr(sender, "_push_to", push_to)
-    sender._members = {b"g": None}  # one member: what the push is for (never reached: _push_to is the fake)
+    sender.roster.members = {b"g": None}  # one member: what the push is for (never reached: _push_to is the fake)
     try:
         sender.push(stream(), 1, admit=False, gather_first=True)
         assert seen["pulled"] == list(range(6)) and seen["rest"] == []
@@ -149,5 +149,5 @@ def test_gather_first_packs_the_whole_push_before_the_generators_pause(monkeypat
         sender.push(stream(), 2, admit=False)
         assert seen["pulled"] == [] and seen["gathered"] is None  # lazily, inside _push_to
     finally:
-        sender._members = {}
+        sender.roster.members = {}
         sender.close()

@@ -52,7 +52,7 @@ def test_same_gpu_generator_gets_weights_by_cuda_ipc(staging):
             sd = {k: v.cuda() for k, v in tiny_state_dict(seed=version).items()}
             report = sender.push(sd.items(), version=version)
             assert report.generators == ["colocated"] and report.dropped == {}
-            assert type(sender._members["colocated"].transport) is IpcTransport
+            assert type(sender.roster.members["colocated"].transport) is IpcTransport
             r = results(out, ["colocated"], timeout_s=60)["colocated"]
             assert_has(r, sd)
             assert r["version"] == version

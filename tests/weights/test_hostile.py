@@ -52,10 +52,10 @@ def test_random_frames_at_both_weight_sockets_are_rejected_and_the_push_still_wo
         assert counts["total"] == len(flood) and {"frame_count", "undecodable", "unexpected_type", "not_a_member", "bad_join"} <= counts.keys()
         assert sender.members == ["g0"]  # no fuzzed join got in
 
-        identity = sender._members["g0"].identity  # the learner's own socket is the only way to reach g0
+        identity = sender.roster.members["g0"].identity  # the learner's own socket is the only way to reach g0
         flood = [m for m in _garbage(rng, 100) if b"WeightBegin" not in m[0]]  # a real learner message would start an update
         for frames in flood:
-            sender._sock.send_multipart([identity, *frames])
+            sender.roster.sock.send_multipart([identity, *frames])
         sd2 = tiny_state_dict(2)
         assert sender.push(sd2.items(), version=2).generators == ["g0"]
         r = results(out, ["g0"])["g0"]

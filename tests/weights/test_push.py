@@ -189,7 +189,7 @@ def test_push_over_nccl_to_another_gpu():
         sd = {k: v.cuda() for k, v in tiny_state_dict(seed=1).items()}
         report = sender.push(sd.items(), version=1)
         assert report.generators == ["gpu1"] and report.dropped == {}
-        assert sender._members["gpu1"].transport.kind == "nccl"
+        assert sender.roster.members["gpu1"].transport.kind == "nccl"
         r = results(out, ["gpu1"], timeout_s=60)["gpu1"]
         assert_has(r, sd) and r["version"] == 1
         sd2 = {k: v.cuda() for k, v in tiny_state_dict(seed=2).items()}

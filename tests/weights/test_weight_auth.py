@@ -36,7 +36,7 @@ def test_weight_socket_refuses_peers_without_the_run_secret(tmp_path):
         impostor.connect(sender.endpoint)
         _send_and_pump(sender, impostor)
         assert sender.rejected.total == 0  # nothing either sent got through the handshake
-        assert sender._zap.counters["refused"] >= 1
+        assert sender.roster.zap.counters["refused"] >= 1
 
         member = ctx.socket(zmq.DEALER)
         member.setsockopt(zmq.LINGER, 0)
