@@ -72,6 +72,8 @@ class StateSnapshot:
                     return None
                 else:
                     optim_leaves[key][name] = _Leaf(*place, v.shape, v.dtype)
+            if not optim_leaves[key]:  # no tensor to say whose state it is
+                return None
         if set(osd) - {"state", "param_groups"} or len(osd.get("param_groups", [])) != len(optimizer.param_groups):
             return None
         return cls(model_leaves, optim_leaves, extras, [dict(g) for g in osd.get("param_groups", [])])
@@ -91,7 +93,7 @@ class StateSnapshot:
         state: dict[str, dict[str, Any]] = {}
         for key, leaves in self.optim_leaves.items():
             entry = dict(self.optim_extras[key])
-            live = optimizer.state.get(leaves[next(iter(leaves))].owner, {}) if leaves else {}
+            live = optimizer.state.get(next(iter(leaves.values())).owner, {})
             if len(live) != len(entry) + len(leaves):
                 return self._missed(f"optimizer.pt {key}: {sorted(live)}")
             for name, leaf in leaves.items():
