@@ -144,7 +144,6 @@ class TorchEngine:
         self.weights = ModelWeights(model, lora, weights_dtype, self._shared)  # before the KV cache takes the memory
         self.adapters, self.fp8 = self.weights.adapters, self.weights.fp8
         self.arch = self.model.cfg
-        self.deterministic = deterministic
         self.max_model_len = min(max_model_len or self.arch.max_position_embeddings, self.arch.max_position_embeddings)
         self.max_running = max_running
         num_blocks = num_kv_blocks or KVCache.default_num_blocks(self.arch, kv_block_size, self.dtype, self.device,
