@@ -5,6 +5,7 @@ its own copy."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -85,11 +86,16 @@ def test_an_engine_and_a_learner_on_the_image_hold_none_of_it(holder, tiny_model
     grown = {}
     engines = {}
     for name, kw in (("own", {}), ("shared", {"base_image": image})):
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        engines[name] = TorchEngine(tiny_model_gpu, device="cuda:0", dtype="bfloat16", max_running=4,
-                                    num_kv_blocks=64, lora=unmerged, cuda_graphs=False, **kw)
-        grown[name] = torch.cuda.memory_allocated() - before
+        gc.collect()  # earlier tests' garbage, freed inside the window, made both growths negative (whole `-m gpu` run)
+        gc.disable()
+        try:
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            engines[name] = TorchEngine(tiny_model_gpu, device="cuda:0", dtype="bfloat16", max_running=4,
+                                        num_kv_blocks=64, lora=unmerged, cuda_graphs=False, **kw)
+            grown[name] = torch.cuda.memory_allocated() - before
+        finally:
+            gc.enable()
     assert grown["own"] - grown["shared"] >= nbytes  # the image's matrices are not this process's allocations
     for x, y in zip(scores(engines["shared"]), scores(engines["own"]), strict=True):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-2)  # bf16: the same weights, rounding aside
